@@ -1,0 +1,73 @@
+"""``critic-pretrain rollouts ...`` (also ``python -m rollouts ...``): check, convert, synth, schema.
+
+Torch-free. Each subcommand module exposes ``add_parser(subparsers)`` which registers its
+parser with ``func=run``; ``run(args) -> int`` returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import RolloutError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rollouts", help="check, convert and synthesise rollout archives",
+                       description="Rollout archives: validate, convert other dumps into schema v1, "
+                                   "generate synthetic rollouts.")
+    rsub = p.add_subparsers(dest="rollouts_cmd", required=True, metavar="{check,convert,synth,schema}")
+    _add_check(rsub)
+    from . import convert, synth
+    convert.add_parser(rsub)
+    synth.add_parser(rsub)
+    s = rsub.add_parser("schema", help="print rollout schema v1")
+    s.set_defaults(func=lambda args: print(__import__("rollouts.schema").schema.describe()) or 0)
+
+
+def _add_check(rsub) -> None:
+    p = rsub.add_parser("check", help="validate rollouts and print a summary",
+                        description="Validate rollout parquet files (files, folders, globs) and print a "
+                                    "summary and a per-problem report. Exit code 1 when problems were found.")
+    p.add_argument("paths", nargs="+", help="files, folders (searched recursively) or globs")
+    p.add_argument("--on-bad", choices=["skip", "fail"], default="skip",
+                   help="skip: report every bad row and continue (default); fail: stop at the first")
+    p.add_argument("--quarantine", metavar="JSONL", help="write one line per bad row/file (file, row, reason)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--max-problems", type=int, default=20, help="problem lines to print (default 20)")
+    p.set_defaults(func=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from .reader import check
+
+    reader = check(args.paths, on_bad=args.on_bad, quarantine=args.quarantine)
+    summary = reader.summary
+    if args.json:
+        print(json.dumps({"summary": summary.to_dict(),
+                          "problems": [p.line() for p in reader.problems[: args.max_problems]]}, indent=2))
+    else:
+        print(summary.format())
+        if reader.problems:
+            print(f"\n{len(reader.problems)} problem(s):")
+            for p in reader.problems[: args.max_problems]:
+                print("  " + p.line())
+            if len(reader.problems) > args.max_problems:
+                print(f"  ... {len(reader.problems) - args.max_problems} more"
+                      + (f" (all in {args.quarantine})" if args.quarantine else "; use --quarantine FILE for all"))
+        else:
+            print("\nno problems found")
+    return 1 if reader.problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rollouts")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["rollouts", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except RolloutError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,71 @@
+"""Turn user path specs (files, folders, globs, lists of these) into a sorted file list."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Iterable
+
+from .errors import RolloutError
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+_GLOB_CHARS = set("*?[")
+
+
+def _is_glob(s: str) -> bool:
+    return any(ch in s for ch in _GLOB_CHARS)
+
+
+def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
+            suffixes: tuple[str, ...] = PARQUET_SUFFIXES) -> list[Path]:
+    """Expand ``specs`` into an ordered, de-duplicated list of data files.
+
+    - a file is taken as is (whatever its suffix);
+    - a folder is searched recursively for files ending in ``suffixes`` (hidden files and
+      in-progress ``*.tmp`` files are skipped);
+    - a glob (``*``, ``?``, ``[...]``, ``**``) is expanded; folders it matches are searched.
+
+    Order is sorted within each spec and follows the spec order across specs, so the same
+    arguments always give the same list. A spec matching nothing is an error.
+    """
+    if isinstance(specs, (str, os.PathLike)):
+        specs = [specs]
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for spec in specs:
+        s = os.fspath(spec)
+        if not s:
+            raise RolloutError("empty path given for rollouts; pass a file, folder or glob")
+        if _is_glob(s):
+            matches = [Path(m) for m in sorted(glob.glob(os.path.expanduser(s), recursive=True))]
+            if not matches:
+                raise RolloutError(f"{s}: the pattern matches no file; check the path and quote the glob")
+        else:
+            p = Path(s).expanduser()
+            if not p.exists():
+                raise RolloutError(f"{s}: no such file or folder; check the path")
+            matches = [p]
+        found: list[Path] = []
+        for m in matches:
+            if m.is_dir():
+                found += _walk(m, suffixes)
+            elif m.is_file() and not m.name.endswith(".tmp"):
+                found.append(m)
+        if not found:
+            raise RolloutError(f"{s}: holds no {'/'.join(suffixes)} files; point at rollout shards")
+        for f in found:
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(f)
+    return out
+
+
+def _walk(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        files += [Path(dirpath) / f for f in sorted(filenames)
+                  if f.endswith(suffixes) and not f.startswith(".")]
+    return files

@@ -1,0 +1,5 @@
+"""Placeholder: being written."""
+
+
+def add_parser(sub):
+    pass

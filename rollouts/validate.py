@@ -1,0 +1,227 @@
+"""Validation of rollout tables, vectorised over Arrow record batches.
+
+``check_schema`` looks at a file's schema once; ``check_batch`` checks every row of a
+record batch with pyarrow/numpy kernels (no Python loop over rows) and returns the rows
+that passed, cast to the canonical schema, plus one ``Problem`` per bad row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import schema as S
+from .errors import Problem
+
+INT32_MAX = np.iinfo(np.int32).max
+
+
+def check_schema(file: str, sch: pa.Schema) -> list[Problem]:
+    """File-level problems: missing required columns, no reward column, wrong types."""
+    names = set(sch.names)
+    problems = []
+    for name in S.REQUIRED:
+        if name not in names:
+            problems.append(Problem(file, None, name, "missing required column",
+                                    f"add '{name}' ({S.expected_kind(name)}), or convert the file "
+                                    "with `critic-pretrain rollouts convert --map`", kind="missing_column"))
+    if not names & set(S.REWARD_COLUMNS):
+        problems.append(Problem(file, None, "reward", "no reward column",
+                                "add 'reward' (outcome, one number per row) and/or 'token_rewards' "
+                                "(one number per token)", kind="missing_column"))
+    for f in sch:
+        if f.name in S.BY_NAME and not S.accepts(f.name, f.type):
+            problems.append(Problem(file, None, f.name, f"wrong type {f.type}",
+                                    f"'{f.name}' must be {S.expected_kind(f.name)}; fix the writer "
+                                    "or convert with `critic-pretrain rollouts convert`", kind="wrong_type"))
+    return problems
+
+
+@dataclass
+class BatchResult:
+    batch: pa.RecordBatch
+    """Rows that passed, canonical types, extra columns kept."""
+    rows: np.ndarray
+    """Row index within the file of each kept row."""
+    problems: list[Problem]
+    lengths: np.ndarray
+    """Token count of each kept row."""
+    policy_tokens: np.ndarray
+    total_reward: np.ndarray
+    """Outcome reward plus the sum of per-token rewards, per kept row."""
+    turns: np.ndarray
+    """Number of contiguous policy segments, per kept row."""
+
+
+class _Flags:
+    """First problem per row, in the order checks run."""
+
+    def __init__(self, n: int):
+        self.reason = np.full(n, -1, dtype=np.int32)
+        self.msgs: list[tuple[str | None, str, str, str]] = []
+
+    def add(self, bad: np.ndarray, column: str | None, reason: str, fix: str, kind: str) -> None:
+        bad = np.asarray(bad, dtype=bool) & (self.reason < 0)
+        if bad.any():
+            self.reason[bad] = len(self.msgs)
+            self.msgs.append((column, reason, fix, kind))
+
+
+def _list_parts(arr: pa.Array):
+    """(lengths with nulls as -1, flat values as numpy, parent row of each flat value, has inner nulls per row)."""
+    n = len(arr)
+    lengths = pc.fill_null(pc.list_value_length(arr), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(arr)
+    parents = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+    inner_null = np.zeros(n, dtype=bool)
+    if flat.null_count:
+        inner_null = np.bincount(parents[flat.is_null().to_numpy(zero_copy_only=False)], minlength=n) > 0
+        flat = pc.fill_null(flat, 0)
+    if pa.types.is_boolean(flat.type):
+        flat = flat.cast(pa.int8())
+    return lengths, flat.to_numpy(zero_copy_only=False), parents, inner_null
+
+
+def _row_any(flat_bad: np.ndarray, parents: np.ndarray, n: int) -> np.ndarray:
+    if not flat_bad.any():
+        return np.zeros(n, dtype=bool)
+    return np.bincount(parents[flat_bad], minlength=n) > 0
+
+
+def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
+                seen_ids: set[str] | None = None) -> BatchResult:
+    """Validate every row of ``batch`` (rows ``row_offset...`` of ``file``).
+
+    ``seen_ids`` carries sample ids across batches and files to catch duplicates; ids of
+    kept rows are added to it.
+    """
+    n = batch.num_rows
+    names = set(batch.schema.names)
+    flags = _Flags(n)
+
+    ids = batch.column("input_ids")
+    lengths, tok, tok_parents, tok_inner_null = _list_parts(ids)
+    flags.add(lengths < 0, "input_ids", "null token list", "write the token ids of the rollout", "null")
+    flags.add(lengths == 0, "input_ids", "empty token list", "drop the row or write its tokens", "empty_row")
+    flags.add(tok_inner_null, "input_ids", "null inside the token list", "write integer token ids only", "null")
+    flags.add(_row_any(tok < 0, tok_parents, n), "input_ids", "negative token id",
+              "token ids must be >= 0; check the tokenizer or the converter", "negative_token")
+    flags.add(_row_any(tok > INT32_MAX, tok_parents, n), "input_ids", "token id above int32 range",
+              "token ids must be < 2**31; check the converter", "token_range")
+
+    mlen, mask, mask_parents, mask_inner_null = _list_parts(batch.column("loss_mask"))
+    policy = np.zeros(n, dtype=np.int64)
+    _check_len(flags, "loss_mask", mlen, lengths)
+    flags.add(mask_inner_null, "loss_mask", "null inside the mask", "write 0 or 1 for every token", "null")
+    flags.add(_row_any((mask != 0) & (mask != 1), mask_parents, n), "loss_mask", "values other than 0 and 1",
+              "write 1 for policy tokens and 0 for prompt, tool and environment tokens", "bad_mask")
+    if len(mask):
+        policy = np.bincount(mask_parents, weights=(mask == 1), minlength=n).astype(np.int64)
+    flags.add(policy == 0, "loss_mask", "no policy token (loss_mask is all 0)",
+              "there is nothing to learn from this row: drop it, or fix the mask", "no_policy_token")
+
+    reward = np.zeros(n)
+    has_reward = np.zeros(n, dtype=bool)
+    if "reward" in names:
+        col = batch.column("reward")
+        if not pa.types.is_null(col.type):
+            r = pc.fill_null(col.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+            null = col.is_null().to_numpy(zero_copy_only=False)
+            flags.add(~null & ~np.isfinite(r), "reward", "reward is NaN or infinite",
+                      "fix the reward function or drop the row", "nan")
+            has_reward |= ~null
+            reward = np.where(null, 0.0, r)
+    if "token_rewards" in names and not pa.types.is_null(batch.column("token_rewards").type):
+        tlen, tr, tr_parents, tr_inner_null = _list_parts(batch.column("token_rewards"))
+        present = tlen >= 0
+        _check_len(flags, "token_rewards", np.where(present, tlen, lengths), lengths)
+        flags.add(tr_inner_null, "token_rewards", "null inside token_rewards", "write 0.0 where there is no reward", "null")
+        tr = tr.astype(np.float64)
+        flags.add(_row_any(~np.isfinite(tr), tr_parents, n), "token_rewards", "NaN or infinite token reward",
+                  "fix the reward function or drop the row", "nan")
+        if len(tr):
+            reward = reward + np.bincount(tr_parents, weights=np.nan_to_num(tr), minlength=n)
+        has_reward |= present
+    flags.add(~has_reward, "reward", "no reward for this row (reward and token_rewards are null)",
+              "write an outcome reward or per-token rewards", "no_reward")
+
+    for name in ("values", "oracle_values"):
+        if name in names and not pa.types.is_null(batch.column(name).type):
+            vlen, v, v_parents, v_inner_null = _list_parts(batch.column(name))
+            _check_len(flags, name, np.where(vlen >= 0, vlen, lengths), lengths)
+            flags.add(v_inner_null, name, f"null inside {name}", "write a number for every token", "null")
+            flags.add(_row_any(~np.isfinite(v.astype(np.float64)), v_parents, n), name,
+                      f"NaN or infinite {name}", "fix the critic output or drop the column", "nan")
+
+    if "sample_weight" in names and not pa.types.is_null(batch.column("sample_weight").type):
+        w = pc.fill_null(batch.column("sample_weight").cast(pa.float64()), 1.0).to_numpy(zero_copy_only=False)
+        flags.add(~np.isfinite(w) | (w < 0), "sample_weight", "sample_weight is negative, NaN or infinite",
+                  "use a finite weight >= 0 (0 drops the row from the loss)", "nan")
+
+    sample_ids = None
+    if "sample_id" in names and not pa.types.is_null(batch.column("sample_id").type):
+        sample_ids = batch.column("sample_id").cast(pa.string()).to_pylist()
+        if seen_ids is not None:
+            dup = np.zeros(n, dtype=bool)
+            batch_seen: set[str] = set()
+            for i, sid in enumerate(sample_ids):
+                if sid is None:
+                    continue
+                if sid in seen_ids or sid in batch_seen:
+                    dup[i] = True
+                batch_seen.add(sid)
+            flags.add(dup, "sample_id", "duplicate sample_id (seen earlier in this archive)",
+                      "make ids unique, or remove the repeated rollout", "duplicate_id")
+
+    bad = flags.reason >= 0
+    problems = []
+    for i in np.flatnonzero(bad):
+        column, reason, fix, kind = flags.msgs[flags.reason[i]]
+        sid = sample_ids[i] if sample_ids is not None else None
+        problems.append(Problem(file, int(row_offset + i), column, reason, fix, sid, kind))
+    keep = ~bad
+    if seen_ids is not None and sample_ids is not None:
+        seen_ids.update(s for s, k in zip(sample_ids, keep) if k and s is not None)
+
+    turns = np.zeros(n, dtype=np.int64)
+    if len(mask):  # a turn starts at a policy token whose predecessor in the same row is not one
+        is_policy = mask == 1
+        prev = np.concatenate([[False], is_policy[:-1]])
+        ml = np.maximum(mlen, 0)
+        prev[(np.cumsum(ml) - ml)[ml > 0]] = False
+        turns = np.bincount(mask_parents[is_policy & ~prev], minlength=n)
+
+    kept = batch.filter(pa.array(keep)) if bad.any() else batch
+    return BatchResult(
+        batch=_canonicalize(kept),
+        rows=np.flatnonzero(keep) + row_offset,
+        problems=problems,
+        lengths=lengths[keep],
+        policy_tokens=policy[keep],
+        total_reward=reward[keep],
+        turns=turns[keep],
+    )
+
+
+def _check_len(flags: _Flags, name: str, got: np.ndarray, want: np.ndarray) -> None:
+    flags.add(got < 0, name, "null list", f"write one entry per token in '{name}'", "null")
+    flags.add((got >= 0) & (got != want), name, f"length differs from input_ids",
+              f"'{name}' needs exactly one entry per token of input_ids", "length_mismatch")
+
+
+def _canonicalize(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Cast schema columns to their canonical types; keep extra columns as they are."""
+    arrays, fields = [], []
+    for f, arr in zip(batch.schema, batch.columns):
+        col = S.BY_NAME.get(f.name)
+        if col is not None and not arr.type.equals(col.type):
+            if pa.types.is_list(col.type) and pa.types.is_boolean(getattr(arr.type, "value_type", None)):
+                arr = arr.cast(pa.list_(pa.int8()))
+            arr = arr.cast(col.type)
+            f = pa.field(f.name, col.type)
+        arrays.append(arr)
+        fields.append(f)
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
