@@ -1,5 +1,898 @@
-"""Placeholder: being written."""
+"""Convert other rollout dumps into schema-v1 parquet shards: ``critic-pretrain rollouts convert``.
+
+Two sources (see docs/converters.md for the field-by-field mapping and where it was checked):
+
+- ``nemo-rl``: NeMo-RL's training-batch dumps ``train_data_step<N>.jsonl``, one JSON object
+  per rollout with right-padded per-token lists;
+- ``generic``: JSONL or parquet rows mapped onto schema columns with ``--map COLUMN=FIELD``,
+  or built from a prompt field and a response field.
+
+Both stream: a file is read line by line (JSONL) or in record batches (parquet), rows are
+converted, validated with the reader's own checks (``validate.check_batch``) and written in
+chunks (``CHUNK_ROWS`` / ``CHUNK_TOKENS``), so memory does not grow with the size of a dump.
+
+Bad rows follow the reader's ``on_bad`` rules: ``fail`` raises ``RolloutError`` (one line:
+file, row, column, what to do) at the first one; ``skip`` leaves the row out, counts it and
+appends it to the quarantine JSONL. Row numbers are 0-based; in a JSONL file row N is line N+1.
+
+The output folder only ever holds a complete conversion: shards are written into a hidden
+staging folder inside it and moved in when every input was converted; on any failure the
+staging folder is removed and the output folder is left as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import schema as S
+from .errors import Problem, RolloutError
+from .paths import PARQUET_SUFFIXES, resolve
+from .validate import check_batch
+from .writer import DEFAULT_SHARD_ROWS, ShardWriter, table_from_rows
+
+try:  # optional: parses dump lines about 7x faster than the standard library (docs/converters.md)
+    import orjson
+except ImportError:
+    orjson = None
+
+OnBad = Literal["fail", "skip"]
+Progress = Callable[[str], None]
+
+CHUNK_ROWS = 1024
+CHUNK_TOKENS = 1 << 21
+"""Rows are converted, validated and written in chunks of at most ``CHUNK_ROWS`` rows or
+``CHUNK_TOKENS`` tokens (python lists cost ~40 bytes a token: long agentic rows need the
+token bound), which bounds memory whatever the size of a dump."""
+PARQUET_BATCH_ROWS = 64
+MAX_PROBLEMS_KEPT = 1000
+"""Problems kept on ``ConvertResult`` (counts are complete; the quarantine file has all)."""
+
+_SHARD_NAME = re.compile(r"part-\d{5}\.parquet")
+_STAGING_PREFIX = ".convert-"
+_NEMO_RL_NAME = re.compile(r"train_data_step(\d+)\.jsonl")
+_MISSING = object()
+# Arrow's errors for a python value that does not fit a column type.
+_CONVERSION_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 
 
-def add_parser(sub):
-    pass
+@dataclass
+class ConvertResult:
+    """What a conversion read, wrote and left out."""
+
+    out_dir: Path
+    files: int
+    """Input files read (bad ones included)."""
+    bad_files: int
+    rows_read: int
+    """Source rows seen (JSONL lines that were not blank, parquet rows)."""
+    rows_written: int
+    rows_skipped: int
+    shards: list[Path]
+    problem_counts: Counter = field(default_factory=Counter)
+    """Problems by kind (``missing_field``, ``bad_json``, ``length_mismatch``, ...)."""
+    problems: list[Problem] = field(default_factory=list)
+    """The first ``MAX_PROBLEMS_KEPT`` problems."""
+    quarantine: Path | None = None
+
+    def summary(self) -> str:
+        """One line for humans."""
+        line = (f"converted {self.files} file(s)"
+                + (f" ({self.bad_files} unreadable)" if self.bad_files else "")
+                + f": {self.rows_written:,} rows written to {len(self.shards)} shard(s) in {self.out_dir}, "
+                  f"{self.rows_skipped:,} rows skipped")
+        if self.problem_counts:
+            line += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(self.problem_counts.items())) + ")"
+        return line
+
+
+class _BadRow(Exception):
+    """A source row that cannot be converted; the engine adds file and row."""
+
+    def __init__(self, column: str | None, reason: str, fix: str, kind: str):
+        super().__init__(reason)
+        self.column, self.reason, self.fix, self.kind = column, reason, fix, kind
+
+
+class _BadFile(_BadRow):
+    """A whole input file that cannot be converted (from ``row`` on, when given)."""
+
+    def __init__(self, reason: str, fix: str, kind: str, row: int | None = None):
+        super().__init__(None, reason, fix, kind)
+        self.row = row
+
+
+# --------------------------------------------------------------------------------------
+# Sources: turn one record of a dump into one row of schema columns (python values).
+# --------------------------------------------------------------------------------------
+
+class _Source(Protocol):
+    """What the engine needs from a dump format."""
+
+    files: list[Path]
+    columns: list[str]
+    """Schema columns every output row carries (``None`` where a row has no value)."""
+    extra_names: list[str]
+    """Source fields kept as extra columns (``--keep-extra``)."""
+    derive_group_id: bool
+    """Fill ``group_id`` with a hash of the prompt tokens."""
+
+    def records(self, path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
+        """(row, record or problem) of one file; raises ``_BadFile`` for an unusable file."""
+
+    def convert(self, path: Path, row: int, rec: dict) -> dict:
+        """Schema columns (and extras) of one record; raises ``_BadRow``."""
+
+    def field_of(self, column: str) -> str | None:
+        """Source field a schema column comes from, for messages."""
+
+    def fix_for(self, column: str) -> str:
+        """What to do when ``column``'s source field holds the wrong type."""
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
+    """(0-based line number, object or problem) for each non-blank line."""
+    with open(path, "rb") as f:
+        for row, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                rec = _loads(line)
+            except ValueError as e:  # also UnicodeDecodeError
+                yield row, _BadRow(None, f"not valid JSON ({_short(e)})",
+                                   "fix or delete the line (a dump cut off while being written ends in one)",
+                                   "bad_json")
+                continue
+            if not isinstance(rec, dict):
+                yield row, _BadRow(None, f"a JSON {type(rec).__name__}, not an object",
+                                   "each line must be one JSON object (one rollout)", "bad_json")
+                continue
+            yield row, rec
+
+
+def _loads(line: bytes) -> Any:
+    if orjson is not None:
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError:
+            pass  # NaN/Infinity (Python's json.dumps writes them) or a broken line: json says which
+    return json.loads(line)
+
+
+def _first_keys(path: Path) -> list[str]:
+    """Field names of a file's first record (a JSONL line or the parquet schema)."""
+    if path.suffix in PARQUET_SUFFIXES:
+        try:
+            return pq.read_schema(path).names
+        except (pa.ArrowException, OSError):
+            return []  # reported when the file is read
+    for _, rec in _jsonl_records(path):
+        if isinstance(rec, dict):
+            return list(rec)
+    return []
+
+
+def _union_keys(files: Iterable[Path]) -> list[str]:
+    keys: dict[str, None] = {}
+    for f in files:
+        keys.update(dict.fromkeys(_first_keys(f)))
+    return list(keys)
+
+
+def _unwrap(value: Any) -> Any:
+    """NeMo-RL logs a batch of one per line: every field is wrapped in a one-element list."""
+    if isinstance(value, list) and len(value) == 1:
+        return value[0]
+    return value
+
+
+class _NemoRL:
+    """NeMo-RL ``train_data_step<N>.jsonl`` (``Logger.log_batched_dict_as_jsonl``)."""
+
+    FIELDS = {"input_ids": "token_ids", "loss_mask": "token_loss_mask",
+              "sample_weight": "sample_loss_mask", "values": "values"}
+
+    def __init__(self, paths, *, reward_field: str, keep_extra: bool):
+        self.files, self.ignored = _nemo_rl_files(paths)
+        self.reward_field = reward_field
+        self.fields = {**self.FIELDS, "reward": reward_field}
+        keys = _union_keys(self.files)
+        self.columns = ["input_ids", "loss_mask", "reward", "sample_id", "group_id", "policy_version"]
+        self.columns += [c for c in ("sample_weight", "values") if self.fields[c] in keys]
+        used = set(self.fields.values()) | {"input_lengths", "idx"}
+        self.extra_names = [k for k in keys if k not in used and k not in S.BY_NAME] if keep_extra else []
+        self.derive_group_id = True
+        self._id_prefix = _id_prefixes(self.files)
+
+    def records(self, path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
+        if _step(path) is None:
+            raise _BadFile("the file name does not carry the training step",
+                           "keep NeMo-RL's name train_data_step<N>.jsonl: the step sets sample_id "
+                           "and policy_version", "bad_file_name")
+        return _jsonl_records(path)
+
+    def convert(self, path: Path, row: int, rec: dict) -> dict:
+        step = _step(path)
+        padded = self._tokens(rec, "token_ids")
+        n = _unwrap(self._get(rec, "input_lengths"))
+        if type(n) is not int or not 0 < n <= len(padded):
+            raise _BadRow("input_lengths", f"input_lengths is {_show(n)} but token_ids has {len(padded)} entries",
+                          "input_lengths must be the unpadded length of token_ids (1..len(token_ids)); "
+                          "the line is damaged", "length_mismatch")
+        out = {
+            "input_ids": padded[:n],
+            "loss_mask": self._unpadded(rec, "token_loss_mask", n),
+            "reward": _unwrap(self._get(rec, self.reward_field)),
+            "sample_id": f"{self._id_prefix[path]}step{step}-idx{self._idx(rec, row)}",
+            # The file is written after step N's update, from rollouts of the policy that had
+            # N-1 updates (NeMo-RL names the file total_steps + 1).
+            "policy_version": step - 1,
+        }
+        if "sample_weight" in self.columns and "sample_loss_mask" in rec:
+            out["sample_weight"] = _unwrap(rec["sample_loss_mask"])
+        if "values" in self.columns and "values" in rec:
+            out["values"] = self._unpadded(rec, "values", n)
+        for name in self.extra_names:
+            if name in rec:
+                out[name] = _unpad_extra(_unwrap(rec[name]), len(padded), n)
+        return out
+
+    def _get(self, rec: dict, name: str) -> Any:
+        if name not in rec:
+            if name == self.reward_field:
+                fix = "pass --reward-field <field> naming the reward field"
+            elif name == "token_ids":
+                fix = ("NeMo-RL versions that log only text (content, rewards, input_lengths) lack token "
+                       "ids and cannot be converted; for other formats use --from generic with --map")
+            else:
+                fix = "this does not look like a NeMo-RL train_data_step dump; use --from generic with --map"
+            raise _BadRow(name, f"no field '{name}'", fix, "missing_field")
+        return rec[name]
+
+    def _tokens(self, rec: dict, name: str) -> list:
+        value = _unwrap(self._get(rec, name))
+        if not isinstance(value, list):
+            raise _BadRow(name, f"'{name}' is {_show(value)}, not a list", self._type_fix(name), "wrong_type")
+        return value
+
+    def _unpadded(self, rec: dict, name: str, n: int) -> list:
+        value = self._tokens(rec, name)
+        if len(value) < n:
+            raise _BadRow(name, f"'{name}' has {len(value)} entries but input_lengths is {n}",
+                          f"'{name}' must cover every token of token_ids; the line is damaged",
+                          "length_mismatch")
+        return value[:n]
+
+    @staticmethod
+    def _idx(rec: dict, row: int) -> int:
+        idx = rec.get("idx", row)  # NeMo-RL's idx is the line number; forks may drop it
+        if type(idx) is not int:
+            raise _BadRow("idx", f"idx is {_show(idx)}, not an integer",
+                          "idx numbers the rollouts of a step; fix or drop the field", "wrong_type")
+        return idx
+
+    def field_of(self, column: str) -> str | None:
+        return self.fields.get(column)
+
+    def fix_for(self, column: str) -> str:
+        return self._type_fix(self.fields.get(column, column))
+
+    def _type_fix(self, name: str) -> str:
+        column = next((c for c, f in self.fields.items() if f == name), None)
+        if column is None:
+            return f"extra field '{name}' changed type; convert without --keep-extra"
+        return f"'{name}' must be {S.expected_kind(column)}; is this a NeMo-RL train_data_step dump?"
+
+
+def _nemo_rl_files(paths) -> tuple[list[Path], list[Path]]:
+    """Dump files in step order, and the other ``.jsonl`` files found in folders (ignored).
+
+    A NeMo-RL log folder also holds ``val_data_step<N>.jsonl`` and other logs: folders and
+    globs contribute only ``train_data_step<N>.jsonl``; a file named explicitly is always read.
+    """
+    files: list[Path] = []
+    ignored: list[Path] = []
+    for spec in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        found = resolve(spec, suffixes=(".jsonl",))
+        explicit = Path(spec).is_file()
+        keep = [f for f in found if explicit or _step(f) is not None]
+        if not keep:
+            raise RolloutError(f"{spec}: holds no train_data_step<N>.jsonl; point at NeMo-RL's log folder "
+                               "(logs/exp_NNN) or at the dump files")
+        ignored += [f for f in found if f not in keep]
+        files += sorted(keep, key=lambda f: (str(f.parent), _step(f) or 0, f.name))
+    return list(dict.fromkeys(files)), ignored
+
+
+def _step(path: Path) -> int | None:
+    m = _NEMO_RL_NAME.fullmatch(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _id_prefixes(files: list[Path]) -> dict[Path, str]:
+    """``step<N>-idx<i>`` is unique within one run; when the same step comes from several
+    folders (a run resumed into exp_002 repeats the steps after its last checkpoint) the
+    ids carry the folder name too."""
+    steps = Counter(_step(f) for f in files)
+    if all(c == 1 for c in steps.values()):
+        return {f: "" for f in files}
+    return {f: f"{f.parent.name}/" for f in files}
+
+
+def _unpad_extra(value: Any, padded_len: int, n: int) -> Any:
+    """Per-token number lists (advantages, logprobs) are padded like token_ids: cut them too."""
+    if isinstance(value, list) and len(value) == padded_len and value and type(value[0]) in (int, float):
+        return value[:n]
+    return value
+
+
+class _Generic:
+    """JSONL or parquet rows whose fields are mapped onto schema columns."""
+
+    def __init__(self, paths, mapping: Mapping[str, str] | None, *, prompt_field: str | None,
+                 response_field: str | None, keep_extra: bool):
+        mapping = dict(mapping or {})
+        _check_mapping(mapping, prompt_field, response_field)
+        self.files = resolve(paths, suffixes=(".jsonl",) + PARQUET_SUFFIXES)
+        keys = _union_keys(self.files)
+        self.explicit = mapping
+        self.prompt_field, self.response_field = prompt_field, response_field
+        built = {"input_ids", "loss_mask"} if prompt_field else set()
+        # A source field named like a schema column is taken as that column unless mapped.
+        self.implicit = {c: c for c in S.BY_NAME
+                         if (c in keys or c in S.REQUIRED) and c not in mapping and c not in built}
+        self.fields = {**self.implicit, **mapping}
+        if prompt_field:
+            self.fields.update(input_ids=f"{prompt_field}+{response_field}",
+                               loss_mask=f"{prompt_field}+{response_field}")
+        self.columns = [c.name for c in S.COLUMNS if c.name in self.fields]
+        self.derive_group_id = "group_id" not in self.fields
+        if self.derive_group_id:
+            self.columns.append("group_id")
+        used = {_top(f) for f in [*mapping.values(), prompt_field, response_field] if f}
+        self.extra_names = ([k for k in keys if k not in used and k not in S.BY_NAME]
+                            if keep_extra else [])
+
+    def records(self, path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
+        if path.suffix in PARQUET_SUFFIXES:
+            return _parquet_records(path)
+        return _jsonl_records(path)
+
+    def convert(self, path: Path, row: int, rec: dict) -> dict:
+        out: dict[str, Any] = {}
+        for column, path_ in self.fields.items():
+            if column in ("input_ids", "loss_mask") and self.prompt_field:
+                continue
+            value = _lookup(rec, path_)
+            if value is _MISSING:
+                if column in self.explicit or column in S.REQUIRED:
+                    target = f" (for '{column}')" if path_ != column else ""
+                    raise _BadRow(path_, f"no field '{path_}'{target}",
+                                  f"pass --map {column}=<field> naming the field that holds "
+                                  f"{S.expected_kind(column)}", "missing_field")
+                continue
+            out[column] = value
+        if self.prompt_field:
+            prompt = self._token_list(rec, self.prompt_field)
+            response = self._token_list(rec, self.response_field)
+            out["input_ids"] = prompt + response
+            out["loss_mask"] = [0] * len(prompt) + [1] * len(response)
+        if out.get("reward") is None and out.get("token_rewards") is None:
+            present = [c for c in ("reward", "token_rewards") if c in self.fields]
+            raise _BadRow(self.fields.get("reward", "reward"),
+                          "no reward" + (f" (field '{self.fields[present[0]]}' is empty)" if present else ""),
+                          "pass --map reward=<field> (outcome reward) or --map token_rewards=<field> "
+                          "(one reward per token)", "missing_field")
+        for name in self.extra_names:
+            if name in rec:
+                out[name] = rec[name]
+        return out
+
+    def _token_list(self, rec: dict, name: str) -> list:
+        value = _lookup(rec, name)
+        option = "--prompt-field" if name == self.prompt_field else "--response-field"
+        if value is _MISSING:
+            raise _BadRow(name, f"no field '{name}'", f"pass {option} <field> naming the token id list",
+                          "missing_field")
+        if not isinstance(value, list):
+            raise _BadRow(name, f"'{name}' is {_show(value)}, not a list of token ids",
+                          f"pass {option} <field> naming the token id list", "wrong_type")
+        return value
+
+    def field_of(self, column: str) -> str | None:
+        return self.fields.get(column)
+
+    def fix_for(self, column: str) -> str:
+        if column in S.BY_NAME:
+            if self.prompt_field and column in ("input_ids", "loss_mask"):
+                return "--prompt-field and --response-field must name lists of integer token ids"
+            return f"map '{column}' to a field that holds {S.expected_kind(column)}: --map {column}=<field>"
+        return f"extra field '{column}' changed type; convert without --keep-extra"
+
+
+def _check_mapping(mapping: Mapping[str, str], prompt_field: str | None, response_field: str | None) -> None:
+    unknown = [c for c in mapping if c not in S.BY_NAME]
+    if unknown:
+        raise RolloutError(f"--map {unknown[0]}=...: '{unknown[0]}' is not a schema column; "
+                           f"use one of {', '.join(S.BY_NAME)}")
+    empty = [c for c, f in mapping.items() if not f]
+    if empty:
+        raise RolloutError(f"--map {empty[0]}=: name the source field after '='")
+    if bool(prompt_field) != bool(response_field):
+        raise RolloutError("pass both --prompt-field and --response-field (or neither)")
+    if prompt_field and {"input_ids", "loss_mask"} & set(mapping):
+        raise RolloutError("--prompt-field/--response-field build input_ids and loss_mask; "
+                           "drop --map input_ids/loss_mask")
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
+    try:
+        pf = pq.ParquetFile(path, memory_map=False, buffer_size=1 << 20, pre_buffer=False)
+    except (pa.ArrowException, OSError) as e:
+        raise _BadFile(f"not a readable parquet file ({_short(e)})",
+                       "the file is truncated or corrupt: re-copy or re-export it", "corrupt_file")
+    with pf:
+        row = 0
+        # Small batches: to_pylist turns every token into a python object (see CHUNK_TOKENS).
+        batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except (pa.ArrowException, OSError) as e:
+                raise _BadFile(f"cannot decode rows from here on ({_short(e)})",
+                               "the file is truncated or corrupt: re-copy or re-export it", "corrupt_file", row)
+            for rec in batch.to_pylist():
+                yield row, rec
+                row += 1
+
+
+def _lookup(rec: dict, path: str) -> Any:
+    """``rec[path]``, else follow a dotted path through nested objects; ``_MISSING`` if absent."""
+    if path in rec:
+        return rec[path]
+    value: Any = rec
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _top(path: str) -> str:
+    return path.split(".", 1)[0]
+
+
+# --------------------------------------------------------------------------------------
+# The engine: chunked conversion, validation, bad-row routing, staged output.
+# --------------------------------------------------------------------------------------
+
+class _Sink:
+    """Collects converted rows of one file at a time, validates and writes them in chunks."""
+
+    def __init__(self, source: _Source, writer: ShardWriter, on_bad: OnBad, quarantine: Path | None):
+        self.source = source
+        self.writer = writer
+        self.on_bad = on_bad
+        self.counts: Counter = Counter()
+        self.problems: list[Problem] = []
+        self.rows_read = 0
+        self.rows_skipped = 0
+        self.bad_files = 0
+        self._seen_ids: set[str] = set()
+        self._extra: pa.Schema | None = None
+        self._buf: list[tuple[int, dict]] = []
+        self._buf_tokens = 0
+        self._file = ""
+        self._qfile = None
+        if quarantine is not None:
+            quarantine.parent.mkdir(parents=True, exist_ok=True)
+            self._qfile = open(quarantine, "w")
+
+    def close(self) -> None:
+        if self._qfile is not None:
+            self._qfile.close()
+
+    def convert_file(self, path: Path) -> int:
+        """Convert one input file; returns the rows read from it."""
+        self._file = str(path)
+        before = self.rows_read
+        try:
+            for row, rec in self.source.records(path):
+                self.rows_read += 1
+                if isinstance(rec, _BadRow):
+                    self._bad_row(row, rec)
+                    continue
+                try:
+                    out = self.source.convert(path, row, rec)
+                except _BadRow as bad:
+                    self._bad_row(row, bad)
+                    continue
+                row_out = _normalise(out, self.source)
+                self._buf.append((row, row_out))
+                if isinstance(row_out["input_ids"], list):
+                    self._buf_tokens += len(row_out["input_ids"])
+                if len(self._buf) >= CHUNK_ROWS or self._buf_tokens >= CHUNK_TOKENS:
+                    self._flush()
+            self._flush()
+        except _BadFile as bad:
+            self._flush()  # rows before a corrupt part are good
+            self.bad_files += 1
+            self._report(Problem(self._file, bad.row, None, bad.reason, bad.fix, kind=bad.kind), whole_file=True)
+        return self.rows_read - before
+
+    def _bad_row(self, row: int, bad: _BadRow) -> None:
+        self._report(Problem(self._file, row, bad.column, bad.reason, bad.fix, kind=bad.kind))
+
+    def _report(self, problem: Problem, whole_file: bool = False) -> None:
+        if self.on_bad == "fail":
+            raise RolloutError(problem)
+        if not whole_file:
+            self.rows_skipped += 1
+        self.counts[problem.kind] += 1
+        if len(self.problems) < MAX_PROBLEMS_KEPT:
+            self.problems.append(problem)
+        if self._qfile is not None:
+            self._qfile.write(problem.to_json() + "\n")
+
+    def _flush(self) -> None:
+        rows, self._buf, self._buf_tokens = self._buf, [], 0
+        if not rows:
+            return
+        src_rows, table = self._table(rows)
+        if table is None:
+            return
+        if self.source.derive_group_id:
+            table = table.set_column(table.schema.get_field_index("group_id"), "group_id",
+                                     prompt_group_ids(table.column("input_ids"), table.column("loss_mask")))
+        batch = table.combine_chunks().to_batches()[0]
+        res = check_batch(self._file, batch, 0, self._seen_ids)
+        for p in res.problems:
+            self._report(self._from_source(p, src_rows[p.row]))
+        if len(res.rows):
+            self.writer.write_table(table.take(res.rows))
+
+    def _table(self, rows: list[tuple[int, dict]]) -> tuple[list[int], pa.Table | None]:
+        """Arrow table of the rows; rows whose values do not fit their column are reported."""
+        outs = [o for _, o in rows]
+        extra = self._extra_schema(outs)
+        try:
+            return [r for r, _ in rows], table_from_rows(outs, extra)
+        except _CONVERSION_ERRORS as error:
+            good = []
+            for row, out in rows:
+                bad = self._bad_cell(out, extra)
+                if bad is None:
+                    good.append((row, out))
+                else:
+                    self._bad_row(row, bad)
+            if len(good) == len(rows):
+                raise error  # not a value problem: let it surface
+            if not good:
+                return [], None
+            return [r for r, _ in good], table_from_rows([o for _, o in good], extra)
+
+    def _bad_cell(self, out: dict, extra: pa.Schema | None) -> _BadRow | None:
+        types = {name: S.BY_NAME[name].type for name in self.source.columns}
+        if extra is not None:
+            types.update({f.name: f.type for f in extra})
+        for name, type_ in types.items():
+            try:
+                pa.array([out.get(name)], type=type_)
+            except _CONVERSION_ERRORS:
+                source_field = self.source.field_of(name) or name
+                kind = S.expected_kind(name) if name in S.BY_NAME else f"{type_} like the rows before"
+                return _BadRow(source_field, f"'{source_field}' is {_show(out.get(name))}; expected {kind}",
+                               self.source.fix_for(name), "wrong_type")
+        return None
+
+    def _extra_schema(self, outs: list[dict]) -> pa.Schema | None:
+        """Types of the extra columns, fixed by the first chunk (an all-null field becomes text)."""
+        if not self.source.extra_names:
+            return None
+        if self._extra is None:
+            fields = []
+            for name in self.source.extra_names:
+                try:
+                    type_ = pa.array([o.get(name) for o in outs]).type
+                except _CONVERSION_ERRORS:
+                    raise RolloutError(Problem(self._file, None, name, "extra field mixes types within the first rows",
+                                               "convert without --keep-extra", kind="wrong_type")) from None
+                fields.append(pa.field(name, pa.string() if pa.types.is_null(type_) else type_))
+            self._extra = pa.schema(fields)
+        return self._extra
+
+    def _from_source(self, problem: Problem, row: int) -> Problem:
+        """A validation problem, with the source row and the source field it came from."""
+        source_field = self.source.field_of(problem.column) if problem.column else None
+        reason = problem.reason
+        if source_field and source_field != problem.column:
+            reason += f" (source field '{source_field}')"
+        return dataclasses.replace(problem, row=row, reason=reason)
+
+
+def _normalise(out: dict, source: _Source) -> dict:
+    """Every output column present, and the loose input types the schema accepts made canonical."""
+    row = {name: out.get(name) for name in source.columns}
+    mask = row.get("loss_mask")
+    if isinstance(mask, list) and mask and type(mask[0]) is bool:
+        row["loss_mask"] = [int(x) for x in mask]
+    for name in ("sample_id", "group_id"):
+        if type(row.get(name)) is int:
+            row[name] = str(row[name])
+    if row.get("truncated") in (0, 1) and type(row.get("truncated")) is int:
+        row["truncated"] = bool(row["truncated"])
+    for name in source.extra_names:
+        row[name] = out.get(name)
+    return row
+
+
+def prompt_group_ids(input_ids: pa.ChunkedArray | pa.Array, loss_mask: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Stable id of each row's prompt: a hash of the tokens before the first policy token.
+
+    Rollouts sampled from one prompt share it, so they stay on one side of a train/val split.
+    The hash is of little-endian int64 token ids: the same on every machine and run.
+    """
+    ids = _one_chunk(input_ids)
+    mask = _one_chunk(loss_mask)
+    id_len = pc.fill_null(pc.list_value_length(ids), 0).to_numpy(zero_copy_only=False)
+    mask_len = pc.fill_null(pc.list_value_length(mask), 0).to_numpy(zero_copy_only=False)
+    id_flat = pc.list_flatten(ids).fill_null(0).to_numpy(zero_copy_only=False).astype("<i8")
+    policy = pc.list_flatten(mask).fill_null(0).to_numpy(zero_copy_only=False) == 1
+    id_start = np.concatenate([[0], np.cumsum(id_len)])
+    mask_start = np.concatenate([[0], np.cumsum(mask_len)])
+    out = []
+    for i in range(len(ids)):
+        row_policy = policy[mask_start[i]:mask_start[i + 1]]
+        prompt_len = int(row_policy.argmax()) if row_policy.any() else int(mask_len[i])
+        prompt = id_flat[id_start[i]:id_start[i] + min(prompt_len, int(id_len[i]))]
+        out.append(hashlib.blake2b(prompt.tobytes(), digest_size=8).hexdigest())
+    return pa.array(out, pa.string())
+
+
+def _one_chunk(arr: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
+# --------------------------------------------------------------------------------------
+# Output folder: refuse or replace, stage, publish.
+# --------------------------------------------------------------------------------------
+
+def _prepare_out(out: Path, overwrite: bool, quarantine: Path | None) -> tuple[list[Path], bool]:
+    """(shards to replace, whether the folder was created here); refuses unsafe targets."""
+    if out.exists() and not out.is_dir():
+        raise RolloutError(f"{out}: --out must be a folder, and this is a file")
+    if not out.exists():
+        out.mkdir(parents=True)
+        return [], True
+    q = quarantine.resolve() if quarantine is not None else None
+    # Left-over staging folders of a killed conversion are hidden, and readers skip them.
+    entries = sorted(e for e in out.iterdir()
+                     if e.resolve() != q and not e.name.startswith(_STAGING_PREFIX))
+    if not entries:
+        return [], False
+    if not overwrite:
+        raise RolloutError(f"{out}: the output folder is not empty ({len(entries)} entries, e.g. "
+                           f"'{entries[0].name}'); pass --overwrite to replace its shards, or choose an empty folder")
+    foreign = [e for e in entries if not (e.is_file() and _SHARD_NAME.fullmatch(e.name))]
+    if foreign:
+        raise RolloutError(f"{out}: --overwrite only replaces rollout shards (part-NNNNN.parquet), but the folder "
+                           f"also holds '{foreign[0].name}'; empty it yourself or choose another folder")
+    return entries, False
+
+
+def _publish(staged: list[Path], out: Path, old: list[Path]) -> list[Path]:
+    for path in old:
+        path.unlink()
+    published = []
+    for path in staged:
+        target = out / path.name
+        os.replace(path, target)
+        published.append(target)
+    return published
+
+
+def _run(source: _Source, out_dir: str | os.PathLike, *, shard_rows: int, on_bad: OnBad,
+         quarantine: str | os.PathLike | None, overwrite: bool, progress: Progress | None) -> ConvertResult:
+    """Convert every file of ``source`` into shards staged in ``out_dir`` and published at the end."""
+    if on_bad not in ("fail", "skip"):
+        raise ValueError(f"on_bad must be 'fail' or 'skip', got {on_bad!r}")
+    if shard_rows < 1:
+        raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
+    out = Path(out_dir)
+    q = Path(quarantine) if quarantine else None
+    old, created = _prepare_out(out, overwrite, q)
+    staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=out))
+    sink = None
+    try:
+        with ShardWriter(staging, shard_rows=shard_rows) as writer:
+            sink = _Sink(source, writer, on_bad, q)
+            for path in source.files:
+                rows = sink.convert_file(path)
+                if progress is not None:
+                    progress(f"{path}: {rows:,} rows")
+        # Nothing converted: a previous conversion in --out stays as it was.
+        shards = _publish(writer.paths, out, old) if writer.rows_written else []
+        staging.rmdir()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        if sink is not None:
+            sink.close()
+    return ConvertResult(out_dir=out, files=len(source.files), bad_files=sink.bad_files,
+                         rows_read=sink.rows_read, rows_written=writer.rows_written,
+                         rows_skipped=sink.rows_skipped, shards=shards, problem_counts=sink.counts,
+                         problems=sink.problems, quarantine=q)
+
+
+# --------------------------------------------------------------------------------------
+# Python API
+# --------------------------------------------------------------------------------------
+
+def convert_nemo_rl(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir: str | os.PathLike, *,
+                    reward_field: str = "rewards", keep_extra: bool = False,
+                    shard_rows: int = DEFAULT_SHARD_ROWS, on_bad: OnBad = "fail",
+                    quarantine: str | os.PathLike | None = None, overwrite: bool = False,
+                    progress: Progress | None = None) -> ConvertResult:
+    """Convert NeMo-RL ``train_data_step<N>.jsonl`` dumps (files, folders, globs) into shards.
+
+    ``reward_field``: ``rewards`` (the run's total reward per rollout) or, with dynamic
+    sampling, ``filtered_rewards``. ``keep_extra`` keeps the other fields (advantages,
+    logprobs, content, ...) as extra columns, per-token ones unpadded.
+
+    >>> res = convert_nemo_rl("logs/exp_001", "rollouts/run1", on_bad="skip", quarantine="bad.jsonl")
+    >>> print(res.summary())
+    """
+    source = _NemoRL(paths, reward_field=reward_field, keep_extra=keep_extra)
+    if progress is not None and source.ignored:
+        progress(f"ignored {len(source.ignored)} other .jsonl file(s), e.g. {source.ignored[0]}")
+    return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
+                overwrite=overwrite, progress=progress)
+
+
+def convert_generic(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir: str | os.PathLike,
+                    mapping: Mapping[str, str] | None = None, *, prompt_field: str | None = None,
+                    response_field: str | None = None, keep_extra: bool = False,
+                    shard_rows: int = DEFAULT_SHARD_ROWS, on_bad: OnBad = "fail",
+                    quarantine: str | os.PathLike | None = None, overwrite: bool = False,
+                    progress: Progress | None = None) -> ConvertResult:
+    """Convert JSONL or parquet rows (files, folders, globs) into shards.
+
+    ``mapping``: schema column -> source field (``a.b`` follows nested objects); a source
+    field named like a schema column is used without a mapping. ``prompt_field`` +
+    ``response_field`` build ``input_ids`` as their concatenation with ``loss_mask`` 0 on the
+    prompt and 1 on the response. ``group_id`` defaults to a hash of the prompt tokens.
+
+    >>> convert_generic("dump.jsonl", "rollouts/x", {"input_ids": "tokens", "loss_mask": "mask",
+    ...                                              "reward": "score"})
+    """
+    source = _Generic(paths, mapping, prompt_field=prompt_field, response_field=response_field,
+                      keep_extra=keep_extra)
+    return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
+                overwrite=overwrite, progress=progress)
+
+
+# --------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------
+
+_EPILOG = """\
+examples:
+  critic-pretrain rollouts convert --from nemo-rl logs/exp_001 --out rollouts/run1
+  critic-pretrain rollouts convert --from nemo-rl 'logs/exp_*/train_data_step*.jsonl' --out rollouts/run1 \\
+      --on-bad skip --quarantine bad.jsonl
+  critic-pretrain rollouts convert --from generic dump.jsonl --out rollouts/x \\
+      --map input_ids=tokens --map loss_mask=mask --map reward=meta.score
+  critic-pretrain rollouts convert --from generic verl_dump.parquet --out rollouts/y \\
+      --prompt-field prompt_ids --response-field response_ids --map reward=score
+
+Row numbers in messages are 0-based; in a JSONL file row N is line N+1.
+Field-by-field mapping of each format: docs/converters.md.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``rollouts convert``."""
+    p = sub.add_parser(
+        "convert", help="convert NeMo-RL dumps or other JSONL/parquet into schema-v1 shards",
+        description="Convert rollout dumps into schema-v1 parquet shards (streamed, bounded memory). "
+                    "The output folder receives the shards only when every input was converted.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", help="dump files, folders (searched recursively) or globs")
+    p.add_argument("--from", dest="source", choices=["nemo-rl", "generic"], required=True,
+                   help="nemo-rl: train_data_step<N>.jsonl dumps; generic: JSONL/parquet with --map")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (must be empty, or --overwrite)")
+    p.add_argument("--shard-rows", type=_positive_int, default=DEFAULT_SHARD_ROWS, metavar="N",
+                   help=f"rollouts per shard (default {DEFAULT_SHARD_ROWS})")
+    p.add_argument("--on-bad", choices=["fail", "skip"], default="fail",
+                   help="fail: stop at the first bad row (default); skip: leave bad rows out and count them")
+    p.add_argument("--quarantine", metavar="JSONL", help="write one line per bad row/file (file, row, reason)")
+    p.add_argument("--overwrite", action="store_true", help="replace the shards of a previous conversion in --out")
+    p.add_argument("--keep-extra", action="store_true",
+                   help="keep source fields that map to no schema column as extra columns")
+    g = p.add_argument_group("nemo-rl")
+    g.add_argument("--reward-field", default="rewards", metavar="FIELD",
+                   help="reward field (default rewards; with dynamic sampling maybe filtered_rewards)")
+    g = p.add_argument_group("generic")
+    g.add_argument("--map", action="append", default=[], type=_mapping_arg, metavar="COLUMN=FIELD",
+                   help="take schema COLUMN from source FIELD (a.b for nested objects); repeatable")
+    g.add_argument("--prompt-field", metavar="FIELD", help="prompt token ids (loss_mask 0)")
+    g.add_argument("--response-field", metavar="FIELD", help="response token ids (loss_mask 1)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``rollouts convert``: convert, print a one-line summary; 1 when nothing was written."""
+    common = dict(keep_extra=args.keep_extra, shard_rows=args.shard_rows, on_bad=args.on_bad,
+                  quarantine=args.quarantine, overwrite=args.overwrite, progress=_stderr)
+    if args.source == "nemo-rl":
+        if args.map or args.prompt_field or args.response_field:
+            raise RolloutError("--map/--prompt-field/--response-field are for --from generic; "
+                               "NeMo-RL dumps are mapped already")
+        result = convert_nemo_rl(args.paths, args.out, reward_field=args.reward_field, **common)
+    else:
+        mapping: dict[str, str] = {}
+        for column, source_field in args.map:
+            if column in mapping:
+                raise RolloutError(f"--map {column}=...: given twice; map each column once")
+            mapping[column] = source_field
+        result = convert_generic(args.paths, args.out, mapping, prompt_field=args.prompt_field,
+                                 response_field=args.response_field, **common)
+    print(result.summary())
+    if result.rows_skipped or result.bad_files:
+        print(f"bad rows and files are listed in {result.quarantine}" if result.quarantine
+              else "pass --quarantine FILE.jsonl to list every bad row")
+    if not result.rows_written:
+        print("no rollout was converted", file=sys.stderr)
+        return 1
+    print(f"next: critic-pretrain rollouts check {result.out_dir}")
+    return 0
+
+
+def _mapping_arg(text: str) -> tuple[str, str]:
+    column, sep, source_field = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"'{text}': write COLUMN=FIELD, e.g. input_ids=tokens")
+    return column.strip(), source_field.strip()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _show(value: Any) -> str:
+    """A value, short, for a message."""
+    text = json.dumps(value) if isinstance(value, (list, dict, str)) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _short(e: Exception) -> str:
+    msg = " ".join(str(e).split())
+    return msg[:160] + ("..." if len(msg) > 160 else "")
