@@ -9,18 +9,36 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from rollouts.errors import RolloutError
+from .errors import USER_ERRORS, UserError
+
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 
-class UserError(Exception):
-    """Bad input or configuration: printed as one line, exit code 2."""
+def _train(args: argparse.Namespace) -> int:
+    from .train import main as train_main
+    return train_main(args.rest)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if not DEMO_CONFIG.is_file():
+        raise UserError(f"{DEMO_CONFIG} not found: run the demo from a checkout of critic-pretrain")
+    from .train import main as train_main
+    return train_main(["--config", str(DEMO_CONFIG), *args.rest])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="critic-pretrain",
                                      description="Pretrain a PPO critic offline on collected rollouts.")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("train", add_help=False, help="train a value model (--config FILE key=value ...)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_train)
+    p = sub.add_parser("demo", add_help=False,
+                       help="train the tiny default on the bundled sample rollouts (configs/demo.yaml)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_demo)
     from rollouts import cli as rollouts_cli
     rollouts_cli.add_parser(sub)
     return parser
@@ -30,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RolloutError, UserError) as e:
+    except USER_ERRORS as e:
         if os.environ.get("CRITIC_PRETRAIN_DEBUG"):
             raise
         print(f"error: {e}", file=sys.stderr)

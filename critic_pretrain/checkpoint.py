@@ -1,0 +1,375 @@
+"""The ``step_<n>`` checkpoint tree: the exact layout a NeMo-RL PPO run warm-starts from.
+
+    <output_dir>/step_<n>/                 n = optimizer steps completed
+        value/weights/model/shard-00001-model-00001-of-00001.safetensors
+        value/weights/model/.hf_metadata/config.json
+        value/optimizer/optim/             torch.distributed.checkpoint: {"optim", "sched"}
+        value/optimizer/scheduler.json     schedule metadata (Megatron-equivalent names)
+        value/tokenizer/                   when a tokenizer is known
+        training_info.json                 NeMo-RL's keys + latest val:<metric>
+        config.yaml                        the resolved run config
+        critic_pretrain.json               our manifest (format, targets, data, versions, files)
+        resume/                            data position and RNG per rank (ours)
+
+Saves are atomic: everything is written under ``tmp_step_<n>`` and renamed at the end, so
+a folder named ``step_<n>`` is complete. ``find_checkpoints`` additionally checks the
+manifest's file sizes and ignores anything else, so a crash, a partial copy or a planted
+folder never becomes the resume point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from .errors import UserError
+from .model import write_value_config
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "shard-00001-model-00001-of-00001.safetensors"
+MANIFEST = "critic_pretrain.json"
+STEP_RE = re.compile(r"^step_(\d+)$")
+OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+@dataclass(frozen=True)
+class StepPaths:
+    root: Path
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.root / "value" / "weights" / "model"
+
+    @property
+    def weights(self) -> Path:
+        return self.weights_dir / WEIGHTS_FILE
+
+    @property
+    def hf_config(self) -> Path:
+        return self.weights_dir / ".hf_metadata" / "config.json"
+
+    @property
+    def optim_dir(self) -> Path:
+        return self.root / "value" / "optimizer" / "optim"
+
+    @property
+    def scheduler_json(self) -> Path:
+        return self.root / "value" / "optimizer" / "scheduler.json"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "value" / "tokenizer"
+
+    @property
+    def training_info(self) -> Path:
+        return self.root / "training_info.json"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST
+
+    @property
+    def resume_dir(self) -> Path:
+        return self.root / "resume"
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding checkpoints
+
+def step_number(path: Path) -> int | None:
+    m = STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def verify(step_dir: Path) -> str | None:
+    """None when ``step_dir`` is a complete checkpoint, else what is wrong with it."""
+    p = StepPaths(step_dir)
+    if not p.manifest.is_file():
+        return f"no {MANIFEST} (incomplete save or not written by critic-pretrain)"
+    try:
+        manifest = json.loads(p.manifest.read_text())
+    except (OSError, ValueError) as e:
+        return f"unreadable {MANIFEST} ({e})"
+    for rel, size in manifest.get("files", {}).items():
+        f = step_dir / rel
+        if not f.is_file():
+            return f"missing {rel}"
+        if f.stat().st_size != size:
+            return f"{rel} has {f.stat().st_size} bytes, expected {size} (truncated or overwritten)"
+    return None
+
+
+def find_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
+    """Complete ``step_<n>`` folders by step. ``tmp_step_*`` and broken folders are left out."""
+    out = {}
+    root = Path(output_dir)
+    if not root.is_dir():
+        return out
+    for d in root.iterdir():
+        n = step_number(d)
+        if n is None or not d.is_dir():
+            continue
+        problem = verify(d)
+        if problem is None:
+            out[n] = d
+        else:
+            log.warning("ignoring %s: %s", d, problem)
+    return dict(sorted(out.items()))
+
+
+def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path | None:
+    """The checkpoint to resume from: ``load_step`` exactly, else the newest complete one."""
+    root = Path(output_dir)
+    if load_step is not None:
+        d = root / f"step_{load_step}"
+        if not d.is_dir():
+            have = sorted(find_checkpoints(root))
+            raise UserError(f"checkpoint.load_step={load_step}: {d} does not exist "
+                            f"(available steps: {have or 'none'}); pick one of them or unset load_step")
+        problem = verify(d)
+        if problem:
+            raise UserError(f"checkpoint.load_step={load_step}: {d} is not a complete checkpoint ({problem}); "
+                            "pick another step or unset load_step to use the newest complete one")
+        return d
+    found = find_checkpoints(root)
+    return found[max(found)] if found else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving
+
+def _files_manifest(root: Path) -> dict[str, int]:
+    return {str(f.relative_to(root)): f.stat().st_size
+            for f in sorted(root.rglob("*")) if f.is_file() and f.name != MANIFEST}
+
+
+def _fsync_tree(root: Path) -> None:
+    """Make the data durable before the rename publishes it (a node crash must not publish holes)."""
+    for f in root.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    for d in [root, *[d for d in root.rglob("*") if d.is_dir()]]:
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fault(point: str, step: int) -> None:
+    """Test seam: ``CRITIC_PRETRAIN_FAULT=<point>@<step>`` kills the process (SIGKILL-like:
+    no cleanup) at that point of that step's save, for fault-injection tests."""
+    if os.environ.get("CRITIC_PRETRAIN_FAULT") == f"{point}@{step}":
+        os._exit(137)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    output_dir: str | os.PathLike,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any | None,
+    hf_config,
+    training_info: dict,
+    scheduler_meta: dict | None,
+    manifest: dict,
+    config_yaml: str,
+    resume_state: dict,
+    tokenizer=None,
+    is_main: bool = True,
+    rank: int = 0,
+    barrier=lambda: None,
+) -> Path:
+    """Write ``step_<step>`` atomically. Collective: every rank calls it.
+
+    ``model`` is the (possibly FSDP-sharded) module; the full state dict is gathered to
+    CPU on every rank's behalf and written by the main process.
+    """
+    root = Path(output_dir)
+    tmp = root / f"tmp_step_{step}"
+    final = root / f"step_{step}"
+    p = StepPaths(tmp)
+    if is_main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        p.weights_dir.mkdir(parents=True)
+        p.resume_dir.mkdir(parents=True)
+    barrier()
+
+    # Collective under FSDP (all-gather); a copy to CPU otherwise.
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if is_main:
+        state = {k: v.contiguous() for k, v in state.items()}
+        save_file(state, p.weights, metadata={"format": "pt"})
+        write_value_config(hf_config, p.hf_config, architecture=type(_unwrap(model)).__name__)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(p.tokenizer_dir))
+    del state
+    _fault("after_weights", step)
+
+    if optimizer is not None:
+        optim_state = {"optim": get_optimizer_state_dict(model, optimizer, options=OPTIM_OPTIONS),
+                       "sched": scheduler.state_dict()}
+        # Collective; each rank writes its shards.
+        dcp.save(optim_state, checkpoint_id=str(p.optim_dir), no_dist=not _distributed())
+    _fault("after_optimizer", step)
+    torch.save(rng_state(), p.resume_dir / f"rng_rank{rank}.pt")
+    barrier()
+
+    if is_main:
+        if scheduler_meta is not None:
+            _write_json(p.scheduler_json, scheduler_meta)
+        _write_json(p.training_info, training_info)
+        (tmp / "config.yaml").write_text(config_yaml)
+        _write_json(p.resume_dir / "state.json", resume_state)
+        _fault("before_manifest", step)
+        manifest = {**manifest, "format_version": FORMAT_VERSION, "step": step,
+                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": _files_manifest(tmp)}
+        _write_json(p.manifest, manifest)
+        _fsync_tree(tmp)
+        _fault("before_rename", step)
+        if final.exists():  # re-saving a step (e.g. after a resume from it): swap, never delete first
+            old = root / f"old_step_{step}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(root)
+    barrier()
+    return final
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)  # DDP wraps; FSDP2 does not
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def apply_retention(output_dir: str | os.PathLike, keep_last: int | None, protect: set[int]) -> list[int]:
+    """Delete all but the newest ``keep_last`` checkpoints; never the newest, never ``protect``.
+
+    Also removes leftover ``tmp_step_*`` folders of older steps (crashed saves).
+    """
+    root = Path(output_dir)
+    steps = sorted(find_checkpoints(root))
+    deleted = []
+    if keep_last is not None and steps:
+        keep = set(steps[-keep_last:]) | {steps[-1]} | protect
+        for n in steps:
+            if n not in keep:
+                shutil.rmtree(root / f"step_{n}")
+                deleted.append(n)
+    newest = steps[-1] if steps else -1
+    for d in root.glob("tmp_step_*"):
+        m = re.match(r"tmp_step_(\d+)$", d.name)
+        if m and int(m.group(1)) <= newest:
+            shutil.rmtree(d, ignore_errors=True)
+    return deleted
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+def load_weights(model: torch.nn.Module, step_dir: Path, *, is_main: bool = True, distributed: bool = False) -> None:
+    """Load ``value/weights`` into ``model`` with strict key matching."""
+    path = StepPaths(step_dir).weights
+    state = load_file(path) if (is_main or not distributed) else {}
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=True,
+                                                                broadcast_from_rank0=distributed))
+
+
+def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, step_dir: Path) -> None:
+    """Load ``value/optimizer/optim`` ({"optim", "sched"}) into a fresh optimizer and scheduler."""
+    state = {"optim": get_optimizer_state_dict(model, optimizer, options=OPTIM_OPTIONS),  # allocates moments
+             "sched": scheduler.state_dict()}
+    dcp.load(state, checkpoint_id=str(StepPaths(step_dir).optim_dir), no_dist=not _distributed())
+    set_optimizer_state_dict(model, optimizer, state["optim"], options=OPTIM_OPTIONS)
+    scheduler.load_state_dict(state["sched"])
+
+
+def load_resume_state(step_dir: Path, rank: int) -> tuple[dict, dict | None]:
+    """(resume state, this rank's RNG state or None when the world size changed)."""
+    p = StepPaths(step_dir)
+    state = json.loads((p.resume_dir / "state.json").read_text())
+    rng_file = p.resume_dir / f"rng_rank{rank}.pt"
+    rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
+    return state, rng
+
+
+def library_versions() -> dict[str, str]:
+    import accelerate
+    import pyarrow
+    import safetensors
+    import transformers
+
+    from . import __version__
+    return {"critic_pretrain": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__, "safetensors": safetensors.__version__,
+            "pyarrow": pyarrow.__version__, "python": sys.version.split()[0]}

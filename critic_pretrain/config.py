@@ -1,0 +1,384 @@
+"""Run configuration: typed dataclasses, YAML files, dotted ``key=value`` overrides.
+
+    cfg = load_config("configs/demo.yaml", ["train.max_steps=50", "optim.lr=3e-4"])
+
+Every field carries a docstring (the string literal under it); ``describe()`` turns them
+into the reference printed by ``critic-pretrain train --help-config`` and docs/config.md.
+Loading checks names (with a did-you-mean), types and ranges and raises ``UserError``
+with one line naming the key and what to do. The resolved config is written into every
+run folder and checkpoint as ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import UserError
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str | None = None
+    """Backbone to start from: a local folder or a hub id of a causal LM (or of a reward
+    model, see `init_from`). Empty means random init from `config`."""
+    config: dict[str, Any] | None = None
+    """Hugging Face config fields for a random-init backbone (needs `model_type`), or
+    overrides applied on top of `name_or_path`'s config."""
+    tokenizer: str | None = None
+    """Tokenizer folder or hub id, copied into `value/tokenizer/` of each checkpoint.
+    Defaults to `name_or_path` when that folder holds tokenizer files."""
+    init_from: Literal["backbone", "reward_model"] = "backbone"
+    """`backbone`: load a causal LM's body and add a new value head; `reward_model`: also
+    take the head (`score`) of a sequence-classification reward model at `name_or_path`."""
+    head_init: Literal["zero", "normal"] = "normal"
+    """Init of a new value head's weight: zeros, or normal with std `head_std`."""
+    head_std: float = 0.02
+    """Std of the value head's weight init when `head_init` is `normal`."""
+    head_bias: bool = True
+    """Give the value head a bias (NeMo-RL and verl expect one; OpenRLHF and TRL heads have
+    none: train with false to export to them losslessly)."""
+    bias_init: Literal["zero", "mean_target"] = "mean_target"
+    """Init of a new head's bias: 0, or the mean value target over the training data."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the weights the optimizer updates (fp32 master weights are the default;
+    mixed precision is set by `train.mixed_precision`)."""
+    attn_implementation: str = "auto"
+    """Attention kernel. `auto`: our packed attention (torch varlen on CUDA, per-rollout SDPA
+    on CPU); or any transformers name (`sdpa`, `eager`, `flash_attention_2`, ...)."""
+    trust_remote_code: bool = False
+    """Allow custom modelling code from `name_or_path`."""
+
+
+@dataclass
+class DataConfig:
+    train: list[str] = field(default_factory=list)
+    """Training rollouts: parquet files, folders (recursive) and globs."""
+    val: list[str] = field(default_factory=list)
+    """Validation rollouts. Empty: hold out `val_fraction` of the training prompts."""
+    val_fraction: float = 0.05
+    """Share of prompts (by `group_id`, else `sample_id`) held out when `val` is empty."""
+    on_bad: Literal["fail", "skip"] = "fail"
+    """Bad rows or files: stop with the first error, or skip them into `quarantine.jsonl`."""
+    max_tokens: int = 8192
+    """Token budget of one micro-batch per device (packed: sum of rollout lengths)."""
+    max_length: int | None = None
+    """Longest rollout kept whole; longer ones follow `overlong`. Default: `max_tokens`."""
+    overlong: Literal["truncate", "skip"] = "truncate"
+    """Rollouts longer than `max_length`: keep the first `max_length` tokens (their targets
+    still see the whole rollout's rewards), or leave them out. Counted either way."""
+    shuffle: bool = True
+    """Shuffle rollouts each epoch (deterministic from `seed` and the epoch)."""
+    num_workers: int | None = None
+    """DataLoader workers that pack and prefetch micro-batches. Default: 2 on CUDA, 0 on CPU."""
+    cache_dir: str | None = None
+    """Where the validated, memory-mapped copy of the data lives. Default:
+    `<output_dir>/data_cache`."""
+
+
+@dataclass
+class TargetsConfig:
+    gamma: float = 1.0
+    """Discount. 1.0 with `lam` 1.0 gives Monte-Carlo returns (the VC-PPO/VAPO recipe)."""
+    lam: float = 1.0
+    """Critic GAE lambda (decoupled from the actor's). Below 1 needs bootstrap values
+    (`values_from: data`)."""
+    values_from: Literal["none", "data"] = "none"
+    """Bootstrap values for lambda < 1: `none` (zeros: Monte-Carlo), `data` (the collecting
+    critic's `values` column)."""
+    reward_scale: float = 1.0
+    """Outcome and per-token rewards are multiplied by this (before `reward_shift`)."""
+    reward_shift: float = 0.0
+    """Added to the outcome reward after scaling (NeMo-RL's [0,1] -> [-1,1]: scale 2, shift -1)."""
+    reward_clip: list[float] | None = None
+    """Optional [min, max] clip of the transformed outcome reward."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Learning rate at the end of a linear or cosine decay."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (one parameter group, as NeMo-RL builds it)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    """LR schedule after warmup."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 over this many optimizer steps."""
+    fused: bool | None = None
+    """Fused AdamW kernel; default: on for CUDA."""
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 100
+    """Optimizer steps to run in total (a resumed run stops at the same step)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step per device."""
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this (None: no clipping, norm still logged)."""
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
+    """accelerate mixed precision; `auto` is bf16 on CUDA and off on CPU."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, about 30% more compute)."""
+    log_every: int = 1
+    """Log metrics every this many steps (each log syncs the device once)."""
+    progress: bool = True
+    """Show a progress bar on the main process."""
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = 0
+    """Save `step_<n>` every this many steps (0: only at the end). The last step is
+    always saved."""
+    load_step: int | None = None
+    """Resume from exactly this step (an error if it does not exist). Default: the newest
+    complete checkpoint in `output_dir`, or a fresh start when there is none."""
+    keep_last: int | None = None
+    """Keep only the newest k checkpoints (never deleting the one the run resumed from)."""
+    save_optimizer: bool = True
+    """Write `value/optimizer/` (needed to resume; NeMo-RL since PR #4213 ignores it on a
+    warm start)."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate on the validation split every this many steps (0: only at the end)."""
+    max_tokens: int | None = None
+    """Cap on validation tokens per evaluation (None: the whole split)."""
+
+
+@dataclass
+class Config:
+    output_dir: str = "runs/default"
+    """Run folder: checkpoints `step_<n>/`, `metrics.jsonl`, `config.yaml`."""
+    seed: int = 0
+    """Seed for init, data order and the validation split."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    targets: TargetsConfig = field(default_factory=TargetsConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def dump(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
+                base: dict | None = None) -> Config:
+    """Read a YAML file (or start from defaults), apply ``key=value`` overrides, validate."""
+    raw: dict = dict(base or {})
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"{path}: config file not found; pass --config configs/<name>.yaml")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise UserError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', e)}); fix the file") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"{path}: expected a mapping of config keys at the top level")
+    for item in overrides:
+        apply_override(raw, item)
+    cfg = _build(Config, raw, "")
+    validate(cfg)
+    return cfg
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """``a.b.c=value`` (value parsed as YAML: numbers, bools, lists, null)."""
+    if "=" not in item:
+        raise UserError(f"override {item!r} is not key=value; e.g. train.max_steps=100")
+    key, _, text = item.partition("=")
+    keys = key.strip().split(".")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for k in keys[:-1]:
+        if not isinstance(node.get(k), dict):
+            node[k] = {}
+        node = node[k]
+    node[keys[-1]] = value
+
+
+def _build(cls, raw: Any, prefix: str):
+    if not isinstance(raw, dict):
+        raise UserError(f"config key '{prefix.rstrip('.')}' must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in raw:
+        if k not in names:
+            close = difflib.get_close_matches(str(k), names, n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(names))}"
+            raise UserError(f"unknown config key '{prefix}{k}'{hint}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            kwargs[f.name] = _build(t, raw[f.name] if raw[f.name] is not None else {}, f"{prefix}{f.name}.")
+        else:
+            kwargs[f.name] = _coerce(raw[f.name], t, f"{prefix}{f.name}")
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, t: Any, key: str) -> Any:
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except UserError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is Literal:
+        if value not in args:
+            raise UserError(f"config key '{key}' is {value!r}; use one of: {', '.join(map(str, args))}")
+        return value
+    if origin is list:
+        if isinstance(value, (str, int, float)) and args and args[0] is str:
+            value = [value]  # data.train=path is a one-item list
+        if not isinstance(value, list):
+            raise UserError(f"config key '{key}' must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value
+    if origin is dict or t is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"config key '{key}' must be a mapping, got {value!r}")
+        return value
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"config key '{key}' must be true or false, got {value!r}")
+    if t is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise UserError(f"config key '{key}' must be an integer, got {value!r}")
+    if t is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise UserError(f"config key '{key}' must be a number, got {value!r}")
+    if t is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise UserError(f"config key '{key}' must be a string, got {value!r}")
+    if t is Any:
+        return value
+    raise TypeError(f"unsupported config type {t} for {key}")
+
+
+def validate(cfg: Config) -> None:
+    """Range and consistency checks; each failure names the key and what to do."""
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise UserError(msg)
+
+    need(bool(cfg.output_dir), "output_dir is empty; set output_dir=runs/<name>")
+    need(bool(cfg.data.train), "data.train is empty; set data.train=[path/to/rollouts] (files, folders or globs)")
+    need(0.0 <= cfg.data.val_fraction < 1.0, f"data.val_fraction={cfg.data.val_fraction} must be in [0, 1)")
+    need(cfg.data.max_tokens > 0, "data.max_tokens must be > 0 (tokens per micro-batch)")
+    if cfg.data.max_length is not None:
+        need(0 < cfg.data.max_length <= cfg.data.max_tokens,
+             f"data.max_length={cfg.data.max_length} must be in (0, data.max_tokens={cfg.data.max_tokens}]: "
+             "a rollout must fit into one micro-batch")
+    need(0.0 < cfg.targets.gamma <= 1.0, f"targets.gamma={cfg.targets.gamma} must be in (0, 1]")
+    need(0.0 <= cfg.targets.lam <= 1.0, f"targets.lam={cfg.targets.lam} must be in [0, 1]")
+    need(cfg.targets.lam == 1.0 or cfg.targets.values_from != "none",
+         f"targets.lam={cfg.targets.lam} < 1 needs bootstrap values; set targets.values_from=data "
+         "(the rollouts' `values` column) or targets.lam=1.0")
+    if cfg.targets.reward_clip is not None:
+        need(len(cfg.targets.reward_clip) == 2 and cfg.targets.reward_clip[0] <= cfg.targets.reward_clip[1],
+             f"targets.reward_clip={cfg.targets.reward_clip} must be [min, max] with min <= max")
+    need(cfg.optim.lr > 0, f"optim.lr={cfg.optim.lr} must be > 0")
+    need(0 <= cfg.optim.min_lr <= cfg.optim.lr, f"optim.min_lr={cfg.optim.min_lr} must be in [0, optim.lr]")
+    need(len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),
+         f"optim.betas={cfg.optim.betas} must be two numbers in [0, 1)")
+    need(cfg.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+    need(cfg.train.max_steps > 0, "train.max_steps must be > 0")
+    need(cfg.train.grad_accum > 0, "train.grad_accum must be > 0")
+    need(cfg.train.grad_clip is None or cfg.train.grad_clip > 0, "train.grad_clip must be > 0 or null")
+    need(cfg.train.log_every > 0, "train.log_every must be > 0")
+    need(cfg.checkpoint.save_every >= 0, "checkpoint.save_every must be >= 0 (0: save only at the end)")
+    need(cfg.checkpoint.load_step is None or cfg.checkpoint.load_step >= 0, "checkpoint.load_step must be >= 0")
+    need(cfg.checkpoint.keep_last is None or cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1")
+    need(cfg.eval.every >= 0, "eval.every must be >= 0")
+    need(cfg.data.num_workers is None or cfg.data.num_workers >= 0, "data.num_workers must be >= 0")
+    need(cfg.model.name_or_path or cfg.model.config,
+         "no model: set model.name_or_path=<local folder or hub id> or model.config (random init)")
+    if cfg.model.name_or_path is None and cfg.model.config is not None:
+        need("model_type" in cfg.model.config, "model.config needs model_type (e.g. qwen2, llama) for random init")
+    need(cfg.model.init_from == "backbone" or cfg.model.name_or_path,
+         "model.init_from=reward_model needs model.name_or_path pointing at the reward model")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference text from the field docstrings
+
+def field_docs(cls) -> dict[str, str]:
+    """Attribute docstrings of a dataclass (the string literal under each field)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def describe(cls=Config, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, str]]:
+    """(key, default, doc) for every leaf config key."""
+    defaults = defaults if defaults is not None else cls()
+    docs = field_docs(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            rows += describe(type(value), f"{prefix}{f.name}.", value)
+        else:
+            rows.append((f"{prefix}{f.name}", yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("..."
+                                                                                                              ).strip(),
+                         docs.get(f.name, "")))
+    return rows

@@ -1,0 +1,100 @@
+"""Metrics: value-loss statistics from sufficient sums, and the run's ``metrics.jsonl``.
+
+Explained variance over policy tokens: ``1 - Var(R - V) / Var(R)`` with R the value
+target and V the prediction. Both variances come from running sums (count, sum, sum of
+squares), so they add across micro-batches and ranks with one all-reduce.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+# Layout of the sums tensor: [n, Σw·(V−R)², ΣR, ΣR², Σ(R−V), Σ(R−V)²]
+N_SUMS = 6
+
+
+def value_sums(values: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[6] float64 sums over tokens with weight > 0 (device tensor: no host sync)."""
+    valid = (weights > 0).to(torch.float64)
+    r = targets.to(torch.float64)
+    d = r - values.detach().to(torch.float64)
+    return torch.stack([valid.sum(), (weights.to(torch.float64) * d.square()).sum(), (valid * r).sum(),
+                        (valid * r.square()).sum(), (valid * d).sum(), (valid * d.square()).sum()])
+
+
+def summarize(sums: torch.Tensor, prefix: str) -> dict[str, float]:
+    """Loss and explained variance from (all-reduced) sums. Host sync: ``.tolist()``."""
+    n, sq, r, r2, d, d2 = sums.tolist()
+    if n <= 0:
+        return {}
+    var_r = r2 / n - (r / n) ** 2
+    var_d = d2 / n - (d / n) ** 2
+    out = {f"{prefix}/loss": sq / n, f"{prefix}/valid_tokens": n, f"{prefix}/target_mean": r / n,
+           f"{prefix}/value_mean": (r - d) / n}
+    out[f"{prefix}/explained_variance"] = 1.0 - var_d / var_r if var_r > 1e-12 else math.nan
+    return out
+
+
+class MetricsLog:
+    """Append-only ``metrics.jsonl``; one JSON object per logged step.
+
+    A resumed run first drops lines logged after its checkpoint's step (the preempted run
+    got further than its last save), so every step appears once.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, resume_step: int | None, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            self.path.write_text("")
+        elif self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and _step_of(line) <= resume_step]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
+        self._f = open(self.path, "a")
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._f.close()
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except ValueError:
+        return 1 << 62  # a torn last line from a crash: drop it
+
+
+def _clean(v):
+    if isinstance(v, torch.Tensor):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """All records of a ``metrics.jsonl`` (skips a torn last line)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

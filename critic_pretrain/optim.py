@@ -1,0 +1,67 @@
+"""AdamW, the LR schedule, and the schedule metadata written beside the optimizer state.
+
+One parameter group, as NeMo-RL builds its value optimizer: a seed whose optimizer state
+has several groups loads silently with the wrong weight decay there (DESIGN.md).
+The schedule is a ``LambdaLR`` (warmup, then constant / linear / cosine decay to
+``min_lr``); its state dict is what NeMo-RL expects when no ``value.scheduler`` is set.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from .config import OptimConfig
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    fused = cfg.fused if cfg.fused is not None else device.type == "cuda"
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+                             weight_decay=cfg.weight_decay, fused=fused or None)
+
+
+def lr_factor(step: int, cfg: OptimConfig, max_steps: int) -> float:
+    """LR multiplier for the optimizer step with 0-based index ``step``."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    floor = cfg.min_lr / cfg.lr
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps))
+    if cfg.schedule == "linear":
+        return 1.0 - (1.0 - floor) * progress
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> LambdaLR:
+    return LambdaLR(optimizer, lambda step: lr_factor(step, cfg, max_steps))
+
+
+def scheduler_metadata(cfg: OptimConfig, max_steps: int, step: int, scheduler: LambdaLR, progress, layout,
+                       max_tokens: int) -> dict:
+    """Schedule description with Megatron-equivalent field names (DESIGN.md, contract 2).
+
+    ``train_global_batch_size`` is the mean number of rollouts per optimizer step so far:
+    batches are token budgets (``global_batch_tokens``), not fixed rollout counts.
+    """
+    return {
+        "scheduler_class": type(scheduler).__name__,
+        "schedule": cfg.schedule,
+        "lr": cfg.lr,
+        "min_lr": cfg.min_lr if cfg.schedule != "constant" else cfg.lr,
+        "lr_warmup_iters": cfg.warmup_steps,
+        "lr_decay_iters": max_steps,
+        "lr_decay_style": cfg.schedule,
+        "start_weight_decay": cfg.weight_decay,
+        "end_weight_decay": cfg.weight_decay,
+        "weight_decay_incr_style": "constant",
+        "train_global_batch_size": round(progress.consumed_samples / max(step, 1)),
+        "global_batch_tokens": layout.world * layout.grad_accum * max_tokens,
+        "train_iters": max_steps,
+        "current_step": step,
+        "current_lr": scheduler.get_last_lr()[0],
+        "optimizer": {"class": "AdamW", "betas": list(cfg.betas), "eps": cfg.eps, "param_groups": 1},
+    }

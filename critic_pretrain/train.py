@@ -1,0 +1,412 @@
+"""Pretrain a value model on collected rollouts.
+
+    accelerate launch critic_pretrain/train.py --config configs/demo.yaml train.max_steps=200
+    critic-pretrain train --config configs/demo.yaml output_dir=runs/x
+
+Reads top to bottom: config -> accelerator -> resume point -> data -> model -> optimizer
+-> loop. Re-running the same command on the same ``output_dir`` resumes from the newest
+complete ``step_<n>``; ``checkpoint.load_step=N`` resumes from exactly step N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `accelerate launch critic_pretrain/train.py`: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+import yaml
+
+from critic_pretrain import checkpoint as ckpt
+from critic_pretrain.config import Config, describe, load_config
+from critic_pretrain.data import Layout, TrainData, build_train_data, loader, plan_epoch, step_batches, to_device
+from critic_pretrain.errors import USER_ERRORS, UserError
+from critic_pretrain.evaluate import evaluate
+from critic_pretrain.metrics import N_SUMS, MetricsLog, summarize, value_sums
+from critic_pretrain.model import build_value_model, count_parameters, set_head_bias_value, token_values
+from critic_pretrain.optim import build_optimizer, build_scheduler, scheduler_metadata
+
+log = logging.getLogger("critic_pretrain")
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint (``resume/state.json``)."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+    consumed_samples: int = 0
+    total_valid_tokens: int = 0
+
+
+@dataclass
+class Run:
+    """Everything a run shares once it is set up."""
+
+    cfg: Config
+    accelerator: Any
+    layout: Layout
+    data: TrainData
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    tokenizer: Any
+    resume_dir: Path | None
+    prog: Progress
+    metrics: MetricsLog
+    last_val: dict = field(default_factory=dict)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.output_dir)
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        return self.accelerator.reduce(t, "sum")
+
+
+class Preemption:
+    """SIGTERM / SIGUSR1 (cluster preemption) -> save at the next step boundary and exit.
+
+    A context manager: the previous handlers come back when training ends.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self) -> "Preemption":
+        self._old = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        log.warning("received %s: will save at the end of this step and exit", signal.Signals(signum).name)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="critic-pretrain train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML run config (configs/*.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=1e-5")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.help_config:
+        for key, default, doc in describe():
+            print(f"{key} = {default}\n    {doc}")
+        return 0
+    try:
+        run = setup(load_config(args.config, args.overrides))
+        with Preemption() as preempt:
+            return train_loop(run, preempt)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def setup(cfg: Config) -> Run:
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    # ---- accelerator ------------------------------------------------------------------------
+    mp = cfg.train.mixed_precision
+    if mp == "auto":
+        mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    accelerator = Accelerator(mixed_precision=mp)
+    is_main = accelerator.is_main_process
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
+    layout = Layout(accelerator.num_processes, accelerator.process_index, cfg.train.grad_accum)
+    out = Path(cfg.output_dir)
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        cfg.dump(out / "config.yaml")
+
+    # ---- resume point -------------------------------------------------------------------------
+    resume_dir = ckpt.resolve_resume(out, cfg.checkpoint.load_step)
+    if resume_dir is not None:
+        log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
+    else:
+        log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
+    set_seed(cfg.seed)
+
+    # ---- data ---------------------------------------------------------------------------------
+    data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or out / "data_cache"),
+                            main_first=accelerator.main_process_first, progress=is_main)
+    log.info("data: %s (%s)", data.describe(), cfg.data.overlong)
+    if not plan_epoch(data.train_idx, data.train_len, seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
+        raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
+                        f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
+
+    # ---- model --------------------------------------------------------------------------------
+    model = build_value_model(cfg.model, init_head=resume_dir is None)
+    if resume_dir is None and cfg.model.bias_init == "mean_target" and cfg.model.init_from == "backbone":
+        set_head_bias_value(model, data.train.stats.mean_target)
+    if cfg.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    n = count_parameters(model)
+    log.info("value model %s: %.2fM parameters (%.2fM without embeddings), attention %s, mixed precision %s, "
+             "%d process(es)", type(model).__name__, n["total"] / 1e6, n["matmul"] / 1e6,
+             model.config._attn_implementation, mp, layout.world)
+
+    # ---- optimizer ----------------------------------------------------------------------------
+    optimizer = build_optimizer(model, cfg.optim, accelerator.device)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)  # stepped by us, once per step
+    model, optimizer = accelerator.prepare(model, optimizer)
+    prog = Progress()
+    if resume_dir is not None:
+        prog = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
+    metrics = MetricsLog(out / "metrics.jsonl", resume_step=prog.step if resume_dir else None, enabled=is_main)
+    return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, _load_tokenizer(cfg), resume_dir,
+               prog, metrics)
+
+
+def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> Progress:
+    """Weights, optimizer moments, LR schedule, progress and RNG from ``step_dir``."""
+    raw = accelerator.unwrap_model(model)
+    ckpt.load_weights(raw, step_dir, is_main=accelerator.is_main_process,
+                      distributed="FSDP" in str(accelerator.distributed_type))
+    if not ckpt.StepPaths(step_dir).optim_dir.is_dir():
+        raise UserError(f"{step_dir} has no value/optimizer (saved with checkpoint.save_optimizer=false), so it "
+                        "cannot be resumed exactly; start a new output_dir with model.name_or_path set to an "
+                        "`critic-pretrain export --format hf` of it")
+    ckpt.load_optimizer(raw, optimizer.optimizer, scheduler, step_dir)
+    state, rng = ckpt.load_resume_state(step_dir, layout.rank)
+    if rng is not None:
+        ckpt.set_rng_state(rng)
+    else:
+        log.warning("no RNG state for rank %d in %s (the world size changed): the data order continues exactly, "
+                    "random streams do not", layout.rank, step_dir)
+    return Progress(**state["progress"])
+
+
+def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerator, cfg: Config):
+    """One optimizer step over this rank's micro-batches; returns (loss sums [6], grad norm).
+
+    Loss normalisation: every token's squared error is divided by the number of valid
+    (policy, weight > 0) tokens in the whole step, summed over micro-batches and ranks,
+    so packing, accumulation and world size never reweight rollouts. DDP/FSDP average
+    gradients over ranks, hence the ``* world`` factor.
+    """
+    device = accelerator.device
+    local_valid = sum(mb["valid_tokens"] for mb in micro_batches)
+    # One collective per step; the count stays on the device (no host sync).
+    global_valid = accelerator.reduce(torch.tensor(float(local_valid), device=device), "sum").clamp_min(1.0)
+    scale = accelerator.num_processes / global_valid
+    sums = torch.zeros(N_SUMS, dtype=torch.float64, device=device)
+    for i, mb in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with contextlib.nullcontext() if last else accelerator.no_sync(model):  # all-reduce grads once
+            values = token_values(model, mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])  # [1, N]
+            sq_err = mb["weights"] * (values - mb["targets"]).square()                                  # [1, N]
+            accelerator.backward(sq_err.sum() * scale)
+        sums += value_sums(values, mb["targets"], mb["weights"])
+    clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return sums, grad_norm
+
+
+class Window:
+    """Counts since the last log: host-side integers and device-side loss sums, all-reduced
+    only when logged or saved, so the steps in between never wait on the device."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.sums = torch.zeros(N_SUMS, dtype=torch.float64, device=run.accelerator.device)
+        self.t, self.tokens, self.rows, self.valid = time.perf_counter(), 0, 0, 0
+
+    def add(self, sums: torch.Tensor, micro: list[dict]) -> None:
+        self.sums += sums
+        self.tokens += sum(int(m["seq_lens"].sum()) for m in micro)
+        self.rows += sum(m["num_rows"] for m in micro)
+        self.valid += sum(m["valid_tokens"] for m in micro)
+
+    def flush_counts(self) -> None:
+        """Fold every rank's consumed rollouts and valid tokens into the global progress."""
+        dev = self.run.accelerator.device
+        rows, valid = self.run.reduce(torch.tensor([self.rows, self.valid], device=dev)).tolist()
+        self.run.prog.consumed_samples += int(rows)
+        self.run.prog.total_valid_tokens += int(valid)
+        self.rows = self.valid = 0
+
+    def metrics(self) -> dict:
+        tokens = self.run.reduce(torch.tensor(float(self.tokens), device=self.run.accelerator.device)).item()
+        rec = {**summarize(self.run.reduce(self.sums), "train"),
+               "train/tokens_per_s": tokens / (time.perf_counter() - self.t)}
+        self.sums.zero_()
+        self.t, self.tokens = time.perf_counter(), 0
+        return rec
+
+
+def train_loop(run: Run, preempt: Preemption) -> int:
+    cfg, prog, layout, acc = run.cfg, run.prog, run.layout, run.accelerator
+    num_workers = cfg.data.num_workers if cfg.data.num_workers is not None else (2 if torch.cuda.is_available() else 0)
+    if run.resume_dir is None:
+        validate(run, 0)
+    bar = _progress_bar(acc.is_main_process and cfg.train.progress, prog.step, cfg.train.max_steps)
+    window = Window(run)
+    run.model.train()
+    while prog.step < cfg.train.max_steps:
+        plan = plan_epoch(run.data.train_idx, run.data.train_len, seed=cfg.seed, epoch=prog.epoch, data=cfg.data,
+                          layout=layout)
+        steps_in_epoch = len(plan) // layout.per_step
+        mine = [mb for s in range(prog.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
+        batches = loader(run.data.train, mine, run.data.max_length, num_workers=num_workers,
+                         pin_memory=torch.cuda.is_available())
+        while prog.step_in_epoch < steps_in_epoch and prog.step < cfg.train.max_steps:
+            micro = [to_device(next(batches), acc.device) for _ in range(layout.grad_accum)]
+            sums, grad_norm = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg)
+            window.add(sums, micro)
+            prog.step += 1
+            prog.step_in_epoch += 1
+            bar.update(1)
+            _test_signal(prog.step)
+            done = prog.step == cfg.train.max_steps
+            logged = prog.step % cfg.train.log_every == 0 or done
+            if logged:
+                window.flush_counts()
+                rec = {"step": prog.step, **window.metrics(), "train/lr": run.scheduler.get_last_lr()[0],
+                       "train/grad_norm": float(grad_norm), "train/epoch": prog.epoch,
+                       "train/consumed_samples": prog.consumed_samples}
+                run.metrics.log(rec)
+                bar.set_postfix(loss=f"{rec.get('train/loss', math.nan):.4g}",
+                                ev=f"{rec.get('train/explained_variance', math.nan):.3f}",
+                                tok_s=f"{rec['train/tokens_per_s']:.3g}")
+            if (cfg.eval.every and prog.step % cfg.eval.every == 0) or done:
+                validate(run, prog.step)
+            # Preemption is checked where we sync anyway: each log step (each step on one process).
+            stop = _agree(preempt.requested, acc) if (logged or layout.world == 1) else False
+            if done or stop or (cfg.checkpoint.save_every and prog.step % cfg.checkpoint.save_every == 0):
+                window.flush_counts()
+                save(run, prog.step)
+            if stop:
+                log.warning("preempted: saved step_%d; re-run the same command to resume", prog.step)
+                run.metrics.close()
+                return 0
+        if prog.step_in_epoch >= steps_in_epoch:
+            prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
+    bar.close()
+    run.metrics.close()
+    if acc.is_main_process:
+        print(warm_start_snippet((run.out / f"step_{prog.step}").resolve(), cfg))
+    acc.end_training()
+    return 0
+
+
+def validate(run: Run, step: int) -> None:
+    """Held-out loss and explained variance; logged and kept for ``training_info.json``."""
+    if len(run.data.val_idx) == 0:
+        return
+    run.last_val = evaluate(run.model, run.data.val, run.data.val_idx, max_tokens=run.cfg.data.max_tokens,
+                            max_length=run.data.max_length, layout=run.layout, device=run.accelerator.device,
+                            reduce=run.reduce, token_cap=run.cfg.eval.max_tokens)
+    run.metrics.log({"step": step, **run.last_val})
+    log.info("step %d  %s", step, "  ".join(f"{k}={v:.4g}" for k, v in run.last_val.items() if "tokens" not in k))
+
+
+def save(run: Run, step: int) -> None:
+    """Write ``step_<step>`` (collective) and apply retention."""
+    cfg, prog, raw = run.cfg, run.prog, run.accelerator.unwrap_model(run.model)
+    info = {"total_steps": step, "current_step": prog.step_in_epoch, "current_epoch": prog.epoch,
+            "consumed_samples": prog.consumed_samples, "total_valid_tokens": prog.total_valid_tokens,
+            **{f"val:{k.split('/', 1)[1]}": v for k, v in run.last_val.items()}}
+    manifest = {
+        "kind": "critic_pretrain.value_checkpoint", "max_steps": cfg.train.max_steps,
+        "targets": {**vars(cfg.targets), "definition": "GAE returns A_t + V_t over policy tokens with NeMo-RL "
+                    "carry-forward masking; lam=1 without values is the Monte-Carlo return"},
+        "value_alignment": "value[t] = head(hidden[t-1]); value[0] = 0",
+        "model": {"class": type(raw).__name__, "name_or_path": cfg.model.name_or_path,
+                  "head_bias": cfg.model.head_bias, "parameters": count_parameters(raw)},
+        "data": {"train_files": run.data.train.meta["files"], "train_rows": len(run.data.train_idx),
+                 "val_rows": len(run.data.val_idx), "stats": vars(run.data.train.stats)},
+        "world_size": run.layout.world, "versions": ckpt.library_versions(),
+    }
+    ckpt.save_checkpoint(
+        run.out, step, model=run.model,
+        optimizer=run.optimizer.optimizer if cfg.checkpoint.save_optimizer else None, scheduler=run.scheduler,
+        hf_config=raw.config, training_info=info, manifest=manifest,
+        scheduler_meta=scheduler_metadata(cfg.optim, cfg.train.max_steps, step, run.scheduler, prog, run.layout,
+                                          cfg.data.max_tokens),
+        config_yaml=yaml.safe_dump(cfg.to_dict(), sort_keys=False), resume_state={"progress": vars(prog)},
+        tokenizer=run.tokenizer, is_main=run.accelerator.is_main_process, rank=run.layout.rank,
+        barrier=run.accelerator.wait_for_everyone)
+    if run.accelerator.is_main_process:
+        protect = {ckpt.step_number(run.resume_dir)} if run.resume_dir is not None else set()
+        ckpt.apply_retention(run.out, cfg.checkpoint.keep_last, protect)
+    log.info("saved %s", run.out / f"step_{step}")
+
+
+def _test_signal(step: int) -> None:
+    """Test seam: ``CRITIC_PRETRAIN_SIGNAL_AT_STEP=k`` sends this process SIGTERM after step k
+    (a deterministic preemption through the real signal handler)."""
+    if os.environ.get("CRITIC_PRETRAIN_SIGNAL_AT_STEP") == str(step):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _agree(flag: bool, accelerator) -> bool:
+    """Whether any rank was asked to stop (one tiny collective when distributed)."""
+    if accelerator.num_processes == 1:
+        return flag
+    return bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "sum").item() > 0)
+
+
+def _load_tokenizer(cfg: Config):
+    src = cfg.model.tokenizer or cfg.model.name_or_path
+    if not src:
+        return None
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(src, trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError) as e:
+        if cfg.model.tokenizer:
+            raise UserError(f"model.tokenizer={src!r}: cannot load it ({e}); pass a tokenizer folder") from None
+        log.info("no tokenizer found at %s: checkpoints will not carry value/tokenizer/", src)
+        return None
+
+
+def _progress_bar(enabled: bool, start: int, total: int):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, initial=start, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
+
+
+def warm_start_snippet(step_dir: Path, cfg: Config) -> str:
+    """The NeMo-RL PPO config lines that warm-start from ``step_dir``."""
+    t = cfg.targets
+    lines = ["", "# NeMo-RL PPO: paste into your run config to warm-start the critic from this seed",
+             "ppo:", f"  warm_start_value_checkpoint: {step_dir}",
+             "  policy_training_start_step: 0   # the critic is already warm: no critic-only warm-up steps"]
+    if (t.reward_scale, t.reward_shift) != (1.0, 0.0) or t.reward_clip:
+        lines.append(f"  # trained on rewards r' = {t.reward_scale:g} * r + {t.reward_shift:g}"
+                     + (f", clipped to {t.reward_clip}" if t.reward_clip else "")
+                     + ": configure ppo.reward_scaling so the PPO run sees the same scale")
+    lines.append(f"  # targets: gamma={t.gamma:g}, critic lambda={t.lam:g}")
+    lines.append(f"# check it first: critic-pretrain seed check {step_dir}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny rollouts and tiny model configs (random init, nothing downloaded)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY_MODEL = {
+    "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 512, "tie_word_embeddings": False,
+}
+
+
+def toy_rows(n: int, seed: int = 0, vocab: int = 64) -> list[dict]:
+    """Multi-turn rollouts whose outcome is visible in the tokens (learnable by a tiny model)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        prompt = rng.integers(8, vocab, int(rng.integers(3, 8))).tolist()
+        good = int(rng.integers(0, 2))
+        ids, mask = [1 + good] + prompt, [0] * (1 + len(prompt))
+        for turn in range(int(rng.integers(1, 4))):
+            act = rng.integers(8, vocab, int(rng.integers(2, 12))).tolist()
+            ids += act
+            mask += [1] * len(act)
+            if rng.random() < 0.6:  # a tool reply the policy did not generate
+                tool = rng.integers(8, vocab, int(rng.integers(1, 5))).tolist()
+                ids += tool
+                mask += [0] * len(tool)
+        rows.append({"input_ids": ids, "loss_mask": mask, "reward": float(good),
+                     "sample_id": f"r{seed}-{i}", "group_id": f"p{seed}-{i // 4}"})
+    return rows
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory) -> Path:
+    from rollouts import write_rows
+    d = tmp_path_factory.mktemp("toy")
+    write_rows(d, toy_rows(240), shard_rows=100)
+    return d
+
+
+def tiny_overrides(out: Path, data: Path, **extra) -> list[str]:
+    """key=value overrides for a seconds-long CPU run."""
+    import json
+    base = {
+        "output_dir": str(out), "data.train": f"[{data}]", "model.config": json.dumps(TINY_MODEL),
+        "data.max_tokens": 256, "data.val_fraction": 0.1, "optim.lr": 3e-3, "optim.warmup_steps": 2,
+        "train.max_steps": 12, "train.log_every": 1, "train.progress": "false", "eval.every": 0,
+        "checkpoint.save_every": 4,
+    }
+    base.update({k: (str(v) if not isinstance(v, bool) else str(v).lower()) for k, v in extra.items()})
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
