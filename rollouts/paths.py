@@ -11,6 +11,8 @@ from .errors import RolloutError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _GLOB_CHARS = set("*?[")
+BUILTIN_SAMPLE = "builtin:sample"
+"""Path spec for the bundled sample archive (works from any working directory)."""
 
 
 def _is_glob(s: str) -> bool:
@@ -26,6 +28,8 @@ def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
       in-progress ``*.tmp`` files are skipped);
     - a glob (``*``, ``?``, ``[...]``, ``**``) is expanded; folders it matches are searched.
 
+    - ``builtin:sample`` is the bundled sample archive.
+
     Order is sorted within each spec and follows the spec order across specs, so the same
     arguments always give the same list. A spec matching nothing is an error.
     """
@@ -37,6 +41,8 @@ def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
         s = os.fspath(spec)
         if not s:
             raise RolloutError("empty path given for rollouts; pass a file, folder or glob")
+        if s == BUILTIN_SAMPLE:
+            s = str(Path(__file__).parent / "sample")
         if _is_glob(s):
             matches = [Path(m) for m in sorted(glob.glob(os.path.expanduser(s), recursive=True))]
             if not matches:
