@@ -1,0 +1,200 @@
+"""Training data: store with targets, split, packing, sharding, collation, loss normalisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from conftest import TINY_MODEL, toy_rows
+from critic_pretrain.config import DataConfig, ModelConfig, TargetsConfig, load_config
+from critic_pretrain.data import (Layout, RolloutStore, collate_packed, effective_lengths, pack, plan_epoch,
+                                  prepare_store, split_by_group, step_batches)
+from rollouts import RolloutError, write_rows
+
+
+@pytest.fixture
+def rows_dir(tmp_path):
+    rows = toy_rows(60)
+    rows[3]["sample_weight"] = 0.0
+    rows[4]["sample_weight"] = 0.5
+    write_rows(tmp_path / "data", rows, shard_rows=25)
+    return tmp_path / "data", rows
+
+
+def store_for(rows_dir, tmp_path, **targets) -> RolloutStore:
+    return prepare_store([str(rows_dir)], tmp_path / "cache", DataConfig(train=[str(rows_dir)]),
+                         TargetsConfig(**targets))
+
+
+def test_store_holds_monte_carlo_targets(rows_dir, tmp_path):
+    path, rows = rows_dir
+    store = store_for(path, tmp_path)
+    kept = [r for r in rows if r.get("sample_weight", 1.0) > 0]
+    assert len(store) == len(kept) and store.stats.zero_weight_rows == 1
+    for i in (0, 7, len(kept) - 1):
+        returns = store.table.column("returns")[i].as_py()
+        mask = kept[i]["loss_mask"]
+        assert [r for r, m in zip(returns, mask) if m] == [kept[i]["reward"]] * sum(mask)  # gamma = lam = 1
+        assert all(r == 0 for r, m in zip(returns, mask) if not m)
+    assert store.table.column("weight")[4 - 1].as_py() == 0.5  # row 4 moved up one (row 3 had weight 0)
+
+
+def test_store_applies_reward_transform_and_gamma(rows_dir, tmp_path):
+    path, rows = rows_dir
+    store = store_for(path, tmp_path, reward_scale=2.0, reward_shift=-1.0, gamma=0.5)
+    returns, mask = store.table.column("returns")[0].as_py(), rows[0]["loss_mask"]
+    r = 2.0 * rows[0]["reward"] - 1.0
+    policy = [x for x, m in zip(returns, mask) if m]
+    n = len(policy)
+    assert policy == pytest.approx([r * 0.5 ** (n - 1 - k) for k in range(n)])
+
+
+def test_store_is_reused_until_inputs_change(rows_dir, tmp_path):
+    path, _ = rows_dir
+    first = store_for(path, tmp_path)
+    stamp = (first.path / "rollouts.arrow").stat().st_mtime_ns
+    assert (store_for(path, tmp_path).path / "rollouts.arrow").stat().st_mtime_ns == stamp
+    store_for(path, tmp_path, gamma=0.9)  # other targets: rebuilt
+    assert (first.path / "rollouts.arrow").stat().st_mtime_ns != stamp
+
+
+def test_bad_rows_fail_or_are_quarantined(tmp_path):
+    rows = toy_rows(10)
+    rows[2]["reward"] = float("nan")
+    write_rows(tmp_path / "d", rows)
+    with pytest.raises(RolloutError, match="row 2.*reward"):
+        prepare_store([str(tmp_path / "d")], tmp_path / "c", DataConfig(train=["x"]), TargetsConfig())
+    store = prepare_store([str(tmp_path / "d")], tmp_path / "c", DataConfig(train=["x"], on_bad="skip"),
+                          TargetsConfig())
+    assert len(store) == 9 and store.stats.bad_rows == 1
+    assert "row" in (store.path / "quarantine.jsonl").read_text()
+
+
+def test_split_by_group_never_leaks_and_is_stable():
+    keys = [f"prompt-{i // 8}" for i in range(8000)]
+    train, val = split_by_group(keys, 0.1)
+    assert set(train).isdisjoint(val) and len(train) + len(val) == len(keys)
+    assert {keys[i] for i in train}.isdisjoint({keys[i] for i in val})
+    assert 0.06 < len(val) / len(keys) < 0.14
+    more = keys + [f"new-{i}" for i in range(500)]  # adding sources does not move old rows
+    _, val2 = split_by_group(more, 0.1)
+    assert set(val2[val2 < len(keys)]) == set(val)
+
+
+def test_pack_respects_budget_and_order():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 100, 500)
+    batches = pack(lengths, 256)
+    assert np.array_equal(np.concatenate(batches), np.arange(500))
+    assert all(lengths[b].sum() <= 256 for b in batches)
+    # greedy: the next rollout would not have fitted
+    assert all(lengths[a].sum() + lengths[b[0]] > 256 for a, b in zip(batches, batches[1:]))
+
+
+def test_plan_is_deterministic_and_sharded():
+    rng = np.random.default_rng(1)
+    idx = np.arange(300)
+    lengths = rng.integers(5, 60, 300)
+    cfg = DataConfig(train=["x"], max_tokens=200)
+    layout0, layout1 = Layout(2, 0, 3), Layout(2, 1, 3)
+    a = plan_epoch(idx, lengths, seed=3, epoch=0, data=cfg, layout=layout0)
+    b = plan_epoch(idx, lengths, seed=3, epoch=0, data=cfg, layout=layout1)
+    c = plan_epoch(idx, lengths, seed=3, epoch=1, data=cfg, layout=layout0)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))  # every rank derives the same plan
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))  # reshuffled each epoch
+    assert len(a) % 6 == 0
+    steps = len(a) // 6
+    for s in range(steps):
+        mine = step_batches(a, s, layout0) + step_batches(a, s, layout1)
+        assert sorted(np.concatenate(mine).tolist()) == sorted(np.concatenate(a[s * 6:(s + 1) * 6]).tolist())
+    used = np.concatenate(a)
+    assert len(set(used.tolist())) == len(used)  # no rollout twice in an epoch
+
+
+def test_overlong_truncate_or_skip(rows_dir, tmp_path):
+    path, _ = rows_dir
+    store = store_for(path, tmp_path)
+    idx = np.arange(len(store))
+    longest = int(store.lengths.max())
+    cut = longest - 3
+    kept, lens = effective_lengths(store, idx, DataConfig(train=["x"], max_tokens=512, max_length=cut))
+    assert len(kept) == len(idx) and lens.max() == cut
+    kept, _ = effective_lengths(store, idx, DataConfig(train=["x"], max_tokens=512, max_length=cut, overlong="skip"))
+    assert len(kept) == int((store.lengths <= cut).sum())
+    row = int(np.argmax(store.lengths))
+    mb = collate_packed(store, np.array([row]), cut)
+    assert mb["input_ids"].shape == (1, cut)
+    full = store.table.column("returns")[row].as_py()
+    assert mb["targets"][0].tolist() == pytest.approx(full[:cut])  # targets keep the whole rollout's reward
+
+
+def test_collate_packed(rows_dir, tmp_path):
+    path, rows = rows_dir
+    store = store_for(path, tmp_path)
+    picked = np.array([0, 5, 2])
+    mb = collate_packed(store, picked, 10_000, extra=True)
+    lens = store.lengths[picked]
+    assert mb["seq_lens"].tolist() == lens.tolist() and mb["num_rows"] == 3
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    assert mb["position_ids"][0, starts].tolist() == [0, 0, 0]
+    assert mb["position_ids"][0, starts[1] - 1].item() == lens[0] - 1
+    ids = np.concatenate([store.table.column("input_ids")[int(i)].as_py() for i in picked])
+    assert mb["input_ids"][0].tolist() == ids.tolist()
+    masks = np.concatenate([store.table.column("loss_mask")[int(i)].as_py() for i in picked])
+    assert mb["weights"][0].tolist() == masks.astype(np.float32).tolist()
+    assert mb["valid_tokens"] == int(masks.sum())
+    assert "oracle" not in mb  # toy rows carry no oracle values
+
+
+def test_loss_normalisation_is_independent_of_micro_batching(rows_dir, tmp_path):
+    """Accumulating two micro-batches gives the gradient of one packed batch of both."""
+    from accelerate import Accelerator
+
+    from critic_pretrain.model import build_value_model
+    from critic_pretrain.train import train_step
+
+    path, _ = rows_dir
+    store = store_for(path, tmp_path)
+    cfg = load_config(None, ["data.train=x", "model.config={model_type: qwen2}", "train.grad_clip=null"])
+    acc = Accelerator(cpu=True)
+    rows_a, rows_b = np.arange(0, 6), np.arange(6, 9)
+    grads = []
+    for micro in ([rows_a, rows_b], [np.concatenate([rows_a, rows_b])]):
+        torch.manual_seed(0)
+        model = build_value_model(ModelConfig(config=dict(TINY_MODEL)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+        captured = {}
+        opt.register_step_pre_hook(
+            lambda *_: captured.update({n: p.grad.clone() for n, p in model.named_parameters()}))
+        train_step(model, opt, sched, [collate_packed(store, m, 4096) for m in micro], acc, cfg)
+        grads.append(captured)
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7)
+
+
+def test_config_overrides_and_errors(tmp_path):
+    from critic_pretrain.config import describe
+    from critic_pretrain.errors import UserError
+
+    cfg = load_config("configs/demo.yaml", ["train.max_steps=7", "data.train=a", "optim.lr=1e-3"])
+    assert cfg.train.max_steps == 7 and cfg.data.train == ["a"] and cfg.optim.lr == 1e-3
+    assert cfg.model.config["hidden_size"] == 64
+    for bad, msg in [("train.max_stepz=3", "did you mean 'train.max_steps'"),
+                     ("optim.schedule=exp", "use one of: constant, linear, cosine"),
+                     ("targets.lam=0.9", "needs bootstrap values"),
+                     ("data.max_length=99999", "must fit into one micro-batch"),
+                     ("train.grad_accum=two", "must be an integer"),
+                     ("nokey", "is not key=value"),
+                     ("optim.lr=1e-4", "optim.min_lr=0.0003 must be in")]:
+        with pytest.raises(UserError, match=msg):
+            load_config("configs/demo.yaml", [bad])
+    (tmp_path / "bad.yaml").write_text("train: [1, 2\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    keys = {k for k, _, doc in describe()}
+    assert {"output_dir", "seed", "data.train", "data.val", "train.max_steps", "checkpoint.save_every",
+            "checkpoint.load_step", "checkpoint.keep_last"} <= keys
+    assert all(doc for _, _, doc in describe())  # every key is documented

@@ -1,0 +1,124 @@
+"""Value model: alignment, packed == padded for every attention path, head options, init sources."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from conftest import TINY_MODEL
+from critic_pretrain import attention
+from critic_pretrain.config import ModelConfig
+from critic_pretrain.model import build_value_model, shift_values, token_values
+
+LENS = [5, 17, 1, 9, 30]
+
+
+def model_cfg(**over) -> ModelConfig:
+    return ModelConfig(config=dict(TINY_MODEL), **over)
+
+
+def packed_and_padded(lens=LENS, vocab=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, vocab, (n,), generator=g) for n in lens]
+    ids = torch.cat(seqs)[None]
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    T = max(lens)
+    pad = torch.zeros(len(lens), T, dtype=torch.long)
+    am = torch.zeros(len(lens), T, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        pad[i, : len(s)], am[i, : len(s)] = s, 1
+    return ids, pos, torch.tensor(lens, dtype=torch.int32), pad, am
+
+
+def unpad(v: torch.Tensor, lens) -> torch.Tensor:
+    return torch.cat([v[i, :n] for i, n in enumerate(lens)])
+
+
+def test_shift_values_alignment():
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    pos = torch.tensor([[0, 1, 2, 0, 1]])  # two packed sequences
+    assert shift_values(logits, pos).tolist() == [[0.0, 1.0, 2.0, 0.0, 4.0]]
+
+
+@pytest.mark.parametrize("attn", ["auto", "sdpa", "eager"])
+def test_packed_equals_padded(attn):
+    torch.manual_seed(0)
+    model = build_value_model(model_cfg(attn_implementation=attn)).eval()
+    ref_model = build_value_model(model_cfg(attn_implementation="eager")).eval()
+    ref_model.load_state_dict(model.state_dict())
+    ids, pos, seq_lens, pad, am = packed_and_padded()
+    with torch.no_grad():
+        packed = token_values(model, ids, pos, seq_lens=seq_lens)[0]
+        padded = token_values(ref_model, pad, torch.arange(pad.shape[1]).expand_as(pad), am)
+    torch.testing.assert_close(packed, unpad(padded, LENS), rtol=1e-5, atol=1e-6)
+    starts = torch.cumsum(torch.tensor([0] + LENS[:-1]), 0)
+    assert torch.all(packed[starts] == 0)  # value of the first token of every rollout
+
+
+def test_packed_attention_is_selected_and_not_saved():
+    model = build_value_model(model_cfg())
+    assert model.config._attn_implementation == attention.NAME
+    assert attention.NAME not in model.config.to_json_string()
+
+
+def test_head_options():
+    m = build_value_model(model_cfg(head_bias=False, head_init="zero"))
+    assert m.score.bias is None and torch.all(m.score.weight == 0)
+    assert m.config.classifier_dropout == 0.0 and m.config.num_labels == 1
+    assert "score.bias" not in m.state_dict()
+    m = build_value_model(model_cfg(head_std=0.5))
+    assert 0.3 < m.score.weight.std().item() < 0.7 and m.score.bias.item() == 0.0
+    assert isinstance(m.dropout, torch.nn.Dropout) and m.dropout.p == 0.0
+
+
+def test_init_from_pretrained_backbone(tmp_path):
+    config = AutoConfig.for_model(**TINY_MODEL)
+    lm = AutoModelForCausalLM.from_config(config)
+    lm.save_pretrained(tmp_path / "lm")
+    vm = build_value_model(ModelConfig(name_or_path=str(tmp_path / "lm")))
+    for k, v in lm.model.state_dict().items():
+        assert torch.equal(vm.model.state_dict()[k], v), k
+    assert vm.score.weight.abs().sum() > 0
+
+
+def test_init_from_reward_model(tmp_path):
+    config = AutoConfig.for_model(**TINY_MODEL, num_labels=1)
+    rm = AutoModelForSequenceClassification.from_config(config)
+    torch.nn.init.normal_(rm.score.weight, std=1.0)
+    rm.save_pretrained(tmp_path / "rm")
+    vm = build_value_model(ModelConfig(name_or_path=str(tmp_path / "rm"), init_from="reward_model"))
+    assert torch.equal(vm.score.weight, rm.score.weight)
+    assert vm.score.bias.item() == 0.0  # the RM head has no bias: it starts at 0
+    fresh = build_value_model(ModelConfig(name_or_path=str(tmp_path / "rm"), init_from="backbone"))
+    assert not torch.equal(fresh.score.weight, rm.score.weight)  # a new head
+
+
+def test_init_from_reward_model_without_score(tmp_path):
+    from critic_pretrain.errors import UserError
+    lm = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY_MODEL))
+    lm.save_pretrained(tmp_path / "lm")
+    with pytest.raises(UserError, match="has no 'score' head"):
+        build_value_model(ModelConfig(name_or_path=str(tmp_path / "lm"), init_from="reward_model"))
+
+
+def test_missing_model_is_one_line_error(tmp_path):
+    from critic_pretrain.errors import UserError
+    with pytest.raises(UserError, match="cannot read its config"):
+        build_value_model(ModelConfig(name_or_path=str(tmp_path / "nope")))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_varlen_matches_per_sequence_on_gpu():
+    if attention._varlen() is None:
+        pytest.skip("torch without torch.nn.attention.varlen")
+    torch.manual_seed(0)
+    model = build_value_model(model_cfg()).cuda().eval()
+    ids, pos, seq_lens, pad, am = packed_and_padded(lens=[64, 300, 17, 900])
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        assert attention.backend_for(torch.device("cuda"), torch.bfloat16) == "varlen"
+        varlen = token_values(model, ids.cuda(), pos.cuda(), seq_lens=seq_lens)[0]
+        per_seq = token_values(model, pad.cuda(), torch.arange(pad.shape[1], device="cuda").expand_as(pad),
+                               am.cuda())
+    torch.testing.assert_close(varlen, unpad(per_seq, [64, 300, 17, 900]), rtol=2e-2, atol=2e-2)
