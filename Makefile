@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)
+	$(BIN)/critic-pretrain rollouts check builtin:sample
 	$(BIN)/critic-pretrain demo
 
 test: $(STAMP)

@@ -382,3 +382,23 @@ def describe(cls=Config, prefix: str = "", defaults: Any = None) -> list[tuple[s
                                                                                                               ).strip(),
                          docs.get(f.name, "")))
     return rows
+
+
+def reference_markdown() -> str:
+    """docs/config.md: every key, its default and its docstring (kept in sync by a test)."""
+    lines = ["# Run configuration reference", "",
+             "Generated from the dataclasses in `critic_pretrain/config.py` "
+             "(`python -m critic_pretrain.config > docs/config.md`). Set keys in a YAML file "
+             "(`--config configs/x.yaml`) or as dotted overrides (`optim.lr=1e-5`)."]
+    section = None
+    for key, default, doc in describe():
+        head = key.split(".")[0] if "." in key else "top level"
+        if head != section:
+            section = head
+            lines += ["", f"## {section}", "", "| key | default | meaning |", "|---|---|---|"]
+        lines.append(f"| `{key}` | `{default}` | {doc.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")

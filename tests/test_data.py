@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from conftest import TINY_MODEL, toy_rows
+from conftest import ROOT, TINY_MODEL, toy_rows
 from critic_pretrain.config import DataConfig, ModelConfig, TargetsConfig, load_config
 from critic_pretrain.data import (Layout, RolloutStore, collate_packed, effective_lengths, pack, plan_epoch,
                                   prepare_store, split_by_group, step_batches)
@@ -198,3 +198,8 @@ def test_config_overrides_and_errors(tmp_path):
     assert {"output_dir", "seed", "data.train", "data.val", "train.max_steps", "checkpoint.save_every",
             "checkpoint.load_step", "checkpoint.keep_last"} <= keys
     assert all(doc for _, _, doc in describe())  # every key is documented
+    for path in sorted((ROOT / "configs").glob("*.yaml")):  # every shipped recipe loads
+        load_config(path, ["data.train=x"])
+    from critic_pretrain.config import reference_markdown
+    assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), \
+        "docs/config.md is stale: python -m critic_pretrain.config > docs/config.md"
