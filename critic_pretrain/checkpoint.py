@@ -19,6 +19,7 @@ folder never becomes the resume point.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import re
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,7 +253,8 @@ def save_checkpoint(
         optim_state = {"optim": get_optimizer_state_dict(model, optimizer, options=OPTIM_OPTIONS),
                        "sched": scheduler.state_dict()}
         # Collective; each rank writes its shards.
-        dcp.save(optim_state, checkpoint_id=str(p.optim_dir), no_dist=not _distributed())
+        with _single_process_ok():
+            dcp.save(optim_state, checkpoint_id=str(p.optim_dir), no_dist=not _distributed())
     _fault("after_optimizer", step)
     torch.save(rng_state(), p.resume_dir / f"rng_rank{rank}.pt")
     barrier()
@@ -279,6 +282,14 @@ def save_checkpoint(
         _fsync_dir(root)
     barrier()
     return final
+
+
+@contextlib.contextmanager
+def _single_process_ok():
+    """DCP warns on every single-process save/load, which is our normal case: silence that one."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _distributed() -> bool:
@@ -349,7 +360,8 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sch
     """Load ``value/optimizer/optim`` ({"optim", "sched"}) into a fresh optimizer and scheduler."""
     state = {"optim": get_optimizer_state_dict(model, optimizer, options=OPTIM_OPTIONS),  # allocates moments
              "sched": scheduler.state_dict()}
-    dcp.load(state, checkpoint_id=str(StepPaths(step_dir).optim_dir), no_dist=not _distributed())
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=str(StepPaths(step_dir).optim_dir), no_dist=not _distributed())
     set_optimizer_state_dict(model, optimizer, state["optim"], options=OPTIM_OPTIONS)
     scheduler.load_state_dict(state["sched"])
 

@@ -1,5 +1,9 @@
 """Command line: ``critic-pretrain <command> ...`` (see ``--help``).
 
+Commands that need torch live in their own modules, each with ``main(argv) -> int`` and
+its own argparse; this router imports a module only when its command runs, so the
+torch-free data commands (``critic-pretrain rollouts ...``) start fast.
+
 Every command reports bad input as one ``error: ...`` line and a non-zero exit code,
 never a traceback; ``CRITIC_PRETRAIN_DEBUG=1`` shows the traceback for bug reports.
 """
@@ -7,6 +11,7 @@ never a traceback; ``CRITIC_PRETRAIN_DEBUG=1`` shows the traceback for bug repor
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -15,32 +20,36 @@ from .errors import USER_ERRORS, UserError
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
+# command -> (module with main(argv), one-line help)
+COMMANDS = {
+    "train": ("critic_pretrain.train", "train a value model: --config FILE [key=value ...]"),
+    "demo": (None, "train the tiny default on the bundled sample rollouts (configs/demo.yaml)"),
+    "eval": ("critic_pretrain.evaluate", "evaluate a checkpoint on any rollouts and write JSON"),
+    "report": ("critic_pretrain.report", "PNG plots and a summary of one or more runs"),
+    "export": ("critic_pretrain.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
+    "seed": ("critic_pretrain.seed", "check a seed before a PPO run loads it: seed check PATH"),
+    "bench": ("critic_pretrain.bench", "throughput benchmark: ours vs a plain padded loop"),
+}
 
-def _train(args: argparse.Namespace) -> int:
-    from .train import main as train_main
-    return train_main(args.rest)
 
-
-def _demo(args: argparse.Namespace) -> int:
-    if not DEMO_CONFIG.is_file():
-        raise UserError(f"{DEMO_CONFIG} not found: run the demo from a checkout of critic-pretrain")
-    from .train import main as train_main
-    return train_main(["--config", str(DEMO_CONFIG), *args.rest])
+def _run_module(name: str, argv: list[str]) -> int:
+    if name is None:  # demo
+        if not DEMO_CONFIG.is_file():
+            raise UserError(f"{DEMO_CONFIG} not found: run the demo from a checkout of critic-pretrain")
+        name, argv = "critic_pretrain.train", ["--config", str(DEMO_CONFIG), *argv]
+    return importlib.import_module(name).main(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="critic-pretrain",
                                      description="Pretrain a PPO critic offline on collected rollouts.")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("train", add_help=False, help="train a value model (--config FILE key=value ...)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_train)
-    p = sub.add_parser("demo", add_help=False,
-                       help="train the tiny default on the bundled sample rollouts (configs/demo.yaml)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_demo)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     from rollouts import cli as rollouts_cli
     rollouts_cli.add_parser(sub)
+    for cmd, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(cmd, add_help=False, help=help_)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=lambda args, module=module: _run_module(module, args.rest))
     return parser
 
 
