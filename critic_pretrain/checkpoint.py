@@ -323,16 +323,41 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def apply_retention(output_dir: str | os.PathLike, keep_last: int | None, protect: set[int]) -> list[int]:
-    """Delete all but the newest ``keep_last`` checkpoints; never the newest, never ``protect``.
+def metric_mode(name: str) -> str:
+    """'min' for loss-like metrics, else 'max' (explained variance, rewards)."""
+    return "min" if "loss" in name else "max"
 
-    Also removes leftover ``tmp_step_*`` folders of older steps (crashed saves).
+
+def best_steps(output_dir: str | os.PathLike, metric: str, k: int) -> list[int]:
+    """The k complete checkpoints with the best ``metric`` in their training_info.json."""
+    scored = []
+    for n, d in find_checkpoints(output_dir).items():
+        try:
+            value = json.loads(StepPaths(d).training_info.read_text()).get(metric)
+        except (OSError, ValueError):
+            continue
+        if isinstance(value, (int, float)) and np.isfinite(value):
+            scored.append((value if metric_mode(metric) == "min" else -value, n))
+    return [n for _, n in sorted(scored)[:k]]
+
+
+def apply_retention(output_dir: str | os.PathLike, keep_last: int | None, protect: set[int],
+                    keep_best: int | None = None, best_metric: str = "val:loss") -> list[int]:
+    """Delete checkpoints that no rule keeps; returns the deleted steps.
+
+    Kept: the newest, ``protect`` (e.g. the one the run resumed from), the newest
+    ``keep_last`` and the best ``keep_best`` by ``best_metric``. With neither rule set,
+    everything is kept. Also removes leftover ``tmp_step_*`` folders of older steps.
     """
     root = Path(output_dir)
     steps = sorted(find_checkpoints(root))
     deleted = []
-    if keep_last is not None and steps:
-        keep = set(steps[-keep_last:]) | {steps[-1]} | protect
+    if steps and (keep_last is not None or keep_best is not None):
+        keep = {steps[-1]} | protect
+        if keep_last is not None:
+            keep |= set(steps[-keep_last:])
+        if keep_best is not None:
+            keep |= set(best_steps(root, best_metric, keep_best))
         for n in steps:
             if n not in keep:
                 shutil.rmtree(root / f"step_{n}")

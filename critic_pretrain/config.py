@@ -126,6 +126,24 @@ class OptimConfig:
 
 
 @dataclass
+class StopConfig:
+    metric: str | None = None
+    """Validation metric that can end the run early (e.g. `val/loss`,
+    `val/explained_variance`); null: run to `train.max_steps`."""
+    above: float | None = None
+    """Stop once the metric is above this for `patience` evaluations in a row."""
+    below: float | None = None
+    """Stop once the metric is below this for `patience` evaluations in a row."""
+    patience: int = 3
+    """Evaluations in a row. Without `above`/`below`: evaluations without an improvement of
+    more than `min_delta` (a plateau)."""
+    min_delta: float = 0.0
+    """Smallest change that counts as an improvement for the plateau rule."""
+    mode: Literal["auto", "min", "max"] = "auto"
+    """Direction of improvement; `auto`: min for names containing `loss`, else max."""
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 100
     """Optimizer steps to run in total (a resumed run stops at the same step)."""
@@ -141,6 +159,11 @@ class TrainConfig:
     """Log metrics every this many steps (each log syncs the device once)."""
     progress: bool = True
     """Show a progress bar on the main process."""
+    tensorboard: bool = True
+    """Also write metrics as TensorBoard events to `<output_dir>/tensorboard` (when the
+    tensorboard package is installed)."""
+    stop_when: StopConfig = field(default_factory=StopConfig)
+    """Optional early stop on a validation metric; the run saves a final checkpoint."""
 
 
 @dataclass
@@ -153,6 +176,12 @@ class CheckpointConfig:
     complete checkpoint in `output_dir`, or a fresh start when there is none."""
     keep_last: int | None = None
     """Keep only the newest k checkpoints (never deleting the one the run resumed from)."""
+    keep_best: int | None = None
+    """Also keep the best k checkpoints by `best_metric` (read from each checkpoint's
+    training_info.json); retention never deletes the newest one."""
+    best_metric: str = "val:loss"
+    """NeMo-RL-style `val:<metric>` key that ranks checkpoints for `keep_best` (min for names
+    containing `loss`, else max)."""
     save_optimizer: bool = True
     """Write `value/optimizer/` (needed to resume; NeMo-RL since PR #4213 ignores it on a
     warm start)."""
@@ -343,6 +372,15 @@ def validate(cfg: Config) -> None:
     need(cfg.checkpoint.save_every >= 0, "checkpoint.save_every must be >= 0 (0: save only at the end)")
     need(cfg.checkpoint.load_step is None or cfg.checkpoint.load_step >= 0, "checkpoint.load_step must be >= 0")
     need(cfg.checkpoint.keep_last is None or cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1")
+    need(cfg.checkpoint.keep_best is None or cfg.checkpoint.keep_best >= 1, "checkpoint.keep_best must be >= 1")
+    need(cfg.checkpoint.best_metric.startswith("val:"),
+         f"checkpoint.best_metric={cfg.checkpoint.best_metric!r} must be a val:<metric> key, e.g. val:loss")
+    stop = cfg.train.stop_when
+    if stop.metric is not None:
+        need(stop.metric.startswith("val/"),
+             f"train.stop_when.metric={stop.metric!r} must be a validation metric such as val/loss")
+        need(stop.patience >= 1, "train.stop_when.patience must be >= 1")
+        need(stop.above is None or stop.below is None, "train.stop_when: set above or below, not both")
     need(cfg.eval.every >= 0, "eval.every must be >= 0")
     need(cfg.data.num_workers is None or cfg.data.num_workers >= 0, "data.num_workers must be >= 0")
     need(cfg.model.name_or_path or cfg.model.config,

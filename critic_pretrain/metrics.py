@@ -41,17 +41,22 @@ def summarize(sums: torch.Tensor, prefix: str) -> dict[str, float]:
 
 
 class MetricsLog:
-    """Append-only ``metrics.jsonl``; one JSON object per logged step.
+    """Append-only ``metrics.jsonl``; one JSON object per logged step, mirrored to
+    TensorBoard events in ``tensorboard_dir`` when given and tensorboard is installed.
 
     A resumed run first drops lines logged after its checkpoint's step (the preempted run
     got further than its last save), so every step appears once.
     """
 
-    def __init__(self, path: str | os.PathLike, *, resume_step: int | None, enabled: bool = True):
+    def __init__(self, path: str | os.PathLike, *, resume_step: int | None, enabled: bool = True,
+                 tensorboard_dir: str | os.PathLike | None = None):
         self.path = Path(path)
         self.enabled = enabled
+        self._tb = None
         if not enabled:
             return
+        if tensorboard_dir is not None:
+            self._tb = _tensorboard_writer(tensorboard_dir, resume_step)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
             self.path.write_text("")
@@ -66,12 +71,64 @@ class MetricsLog:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        record = {k: _clean(v) for k, v in record.items()}
+        self._f.write(json.dumps(record) + "\n")
         self._f.flush()
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, record["step"])
 
     def close(self) -> None:
         if self.enabled:
             self._f.close()
+            if self._tb is not None:
+                self._tb.close()
+
+
+def _tensorboard_writer(folder, resume_step: int | None):
+    """A SummaryWriter, or None without tensorboard. ``purge_step`` hides events an interrupted
+    run logged after the checkpoint it resumes from."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(folder), purge_step=resume_step + 1 if resume_step is not None else None)
+
+
+class StopRule:
+    """``train.stop_when``: a threshold held for ``patience`` evaluations, or a plateau.
+
+    ``update`` takes each validation record and returns why to stop, or None.
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.mode = cfg.mode if cfg.mode != "auto" else ("min" if cfg.metric and "loss" in cfg.metric else "max")
+        self.best: float | None = None
+        self.count = 0
+
+    def update(self, record: dict) -> str | None:
+        c = self.cfg
+        value = record.get(c.metric) if c.metric else None
+        if value is None or not math.isfinite(value):
+            return None
+        if c.above is not None or c.below is not None:
+            hit = value > c.above if c.above is not None else value < c.below
+            self.count = self.count + 1 if hit else 0
+            if self.count >= c.patience:
+                bound = f"above {c.above:g}" if c.above is not None else f"below {c.below:g}"
+                return f"{c.metric} {bound} for {c.patience} evaluations in a row (now {value:.4g})"
+            return None
+        better = (self.best is None or (value < self.best - c.min_delta if self.mode == "min"
+                                        else value > self.best + c.min_delta))
+        if better:
+            self.best, self.count = value, 0
+            return None
+        self.count += 1
+        if self.count >= c.patience:
+            return f"{c.metric} has not improved on {self.best:.4g} for {c.patience} evaluations (plateau)"
+        return None
 
 
 def _step_of(line: str) -> int:

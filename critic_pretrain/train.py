@@ -34,7 +34,7 @@ from critic_pretrain.config import Config, describe, load_config
 from critic_pretrain.data import Layout, TrainData, build_train_data, loader, plan_epoch, step_batches, to_device
 from critic_pretrain.errors import USER_ERRORS, UserError
 from critic_pretrain.evaluate import evaluate
-from critic_pretrain.metrics import N_SUMS, MetricsLog, summarize, value_sums
+from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, summarize, value_sums
 from critic_pretrain.model import build_value_model, count_parameters, set_head_bias_value, token_values
 from critic_pretrain.optim import build_optimizer, build_scheduler, scheduler_metadata
 
@@ -50,6 +50,8 @@ class Progress:
     step_in_epoch: int = 0
     consumed_samples: int = 0
     total_valid_tokens: int = 0
+    stopped_early: str | None = None
+    """Why ``train.stop_when`` ended the run (a re-run then has nothing left to do)."""
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Run:
     resume_dir: Path | None
     prog: Progress
     metrics: MetricsLog
+    stop_rule: StopRule
     last_val: dict = field(default_factory=dict)
 
     @property
@@ -177,9 +180,16 @@ def setup(cfg: Config) -> Run:
     prog = Progress()
     if resume_dir is not None:
         prog = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
-    metrics = MetricsLog(out / "metrics.jsonl", resume_step=prog.step if resume_dir else None, enabled=is_main)
+    resume_step = prog.step if resume_dir else None
+    stop_rule = StopRule(cfg.train.stop_when)
+    if resume_dir is not None and (out / "metrics.jsonl").is_file():  # replay the rule's history
+        for rec in read_metrics(out / "metrics.jsonl"):
+            if rec.get("step", 1 << 62) <= prog.step and any(k.startswith("val/") for k in rec):
+                stop_rule.update(rec)
+    metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
+                         tensorboard_dir=out / "tensorboard" if cfg.train.tensorboard else None)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, _load_tokenizer(cfg), resume_dir,
-               prog, metrics)
+               prog, metrics, stop_rule)
 
 
 def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> Progress:
@@ -265,12 +275,16 @@ class Window:
 def train_loop(run: Run, preempt: Preemption) -> int:
     cfg, prog, layout, acc = run.cfg, run.prog, run.layout, run.accelerator
     num_workers = cfg.data.num_workers if cfg.data.num_workers is not None else (2 if torch.cuda.is_available() else 0)
-    if run.resume_dir is None:
+    if prog.stopped_early and not cfg.train.stop_when.metric:
+        prog.stopped_early = None  # the rule was removed from the config: continue to max_steps
+    if prog.stopped_early:
+        log.info("nothing to do: this run stopped early at step %d (%s)", prog.step, prog.stopped_early)
+    elif run.resume_dir is None:
         validate(run, 0)
     bar = _progress_bar(acc.is_main_process and cfg.train.progress, prog.step, cfg.train.max_steps)
     window = Window(run)
     run.model.train()
-    while prog.step < cfg.train.max_steps:
+    while prog.step < cfg.train.max_steps and not prog.stopped_early:
         plan = plan_epoch(run.data.train_idx, run.data.train_len, seed=cfg.seed, epoch=prog.epoch, data=cfg.data,
                           layout=layout)
         steps_in_epoch = len(plan) // layout.per_step
@@ -300,6 +314,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
                 validate(run, prog.step)
             # Preemption is checked where we sync anyway: each log step (each step on one process).
             stop = _agree(preempt.requested, acc) if (logged or layout.world == 1) else False
+            done = done or prog.stopped_early is not None
             if done or stop or (cfg.checkpoint.save_every and prog.step % cfg.checkpoint.save_every == 0):
                 window.flush_counts()
                 save(run, prog.step)
@@ -307,6 +322,11 @@ def train_loop(run: Run, preempt: Preemption) -> int:
                 log.warning("preempted: saved step_%d; re-run the same command to resume", prog.step)
                 run.metrics.close()
                 return 0
+            if prog.stopped_early:
+                log.info("stopping early at step %d: %s", prog.step, prog.stopped_early)
+                break
+        if prog.stopped_early:
+            break
         if prog.step_in_epoch >= steps_in_epoch:
             prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
     bar.close()
@@ -326,6 +346,9 @@ def validate(run: Run, step: int) -> None:
                             reduce=run.reduce, token_cap=run.cfg.eval.max_tokens)
     run.metrics.log({"step": step, **run.last_val})
     log.info("step %d  %s", step, "  ".join(f"{k}={v:.4g}" for k, v in run.last_val.items() if "tokens" not in k))
+    reason = run.stop_rule.update(run.last_val)  # same values on every rank: all agree
+    if reason and step > 0:
+        run.prog.stopped_early = reason
 
 
 def save(run: Run, step: int) -> None:
@@ -356,7 +379,8 @@ def save(run: Run, step: int) -> None:
         barrier=run.accelerator.wait_for_everyone)
     if run.accelerator.is_main_process:
         protect = {ckpt.step_number(run.resume_dir)} if run.resume_dir is not None else set()
-        ckpt.apply_retention(run.out, cfg.checkpoint.keep_last, protect)
+        ckpt.apply_retention(run.out, cfg.checkpoint.keep_last, protect, cfg.checkpoint.keep_best,
+                             cfg.checkpoint.best_metric)
     log.info("saved %s", run.out / f"step_{step}")
 
 

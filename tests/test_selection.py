@@ -1,0 +1,66 @@
+"""Choosing checkpoints: keep_best retention and the train.stop_when rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_overrides
+from critic_pretrain import checkpoint as ckpt
+from critic_pretrain.config import StopConfig
+from critic_pretrain.metrics import StopRule, read_metrics
+from critic_pretrain.train import main as train_main
+
+
+def fake_run(root: Path, losses: dict[int, float]) -> None:
+    for step, loss in losses.items():
+        d = root / f"step_{step}"
+        d.mkdir(parents=True)
+        (d / "training_info.json").write_text(json.dumps({"total_steps": step, "val:loss": loss,
+                                                          "val:explained_variance": -loss}))
+        (d / ckpt.MANIFEST).write_text(json.dumps({"files": {"training_info.json": (d / "training_info.json").stat().st_size}}))
+
+
+def test_keep_best_never_deletes_newest(tmp_path):
+    fake_run(tmp_path, {10: 0.5, 20: 0.2, 30: 0.3, 40: 0.25, 50: 0.9})
+    assert ckpt.best_steps(tmp_path, "val:loss", 2) == [20, 40]
+    assert ckpt.best_steps(tmp_path, "val:explained_variance", 1) == [20]
+    deleted = ckpt.apply_retention(tmp_path, None, protect=set(), keep_best=2)
+    assert sorted(deleted) == [10, 30]
+    assert sorted(ckpt.find_checkpoints(tmp_path)) == [20, 40, 50]  # 50 is worst but newest
+
+
+def test_keep_last_and_best_combine(tmp_path):
+    fake_run(tmp_path, {10: 0.1, 20: 0.5, 30: 0.4, 40: 0.6})
+    ckpt.apply_retention(tmp_path, 1, protect={20}, keep_best=1)
+    assert sorted(ckpt.find_checkpoints(tmp_path)) == [10, 20, 40]
+
+
+@pytest.mark.parametrize("cfg, values, stop_at", [
+    (StopConfig(metric="val/explained_variance", above=0.8, patience=2), [0.5, 0.85, 0.7, 0.82, 0.9, 0.95], 4),
+    (StopConfig(metric="val/loss", below=0.1, patience=1), [0.5, 0.3, 0.09], 2),
+    (StopConfig(metric="val/loss", patience=2), [1.0, 0.8, 0.81, 0.79, 0.8, 0.85], 5),
+    (StopConfig(metric="val/loss", patience=2, min_delta=0.05), [1.0, 0.8, 0.78, 0.77], 3),
+    (StopConfig(metric="val/explained_variance", patience=1), [0.1, 0.2, 0.2], 2),
+    (StopConfig(metric=None), [0.1] * 10, None),
+])
+def test_stop_rule_on_scripted_metrics(cfg, values, stop_at):
+    rule = StopRule(cfg)
+    fired = [i for i, v in enumerate(values) if rule.update({cfg.metric or "val/loss": v})]
+    assert (fired[0] if fired else None) == stop_at
+
+
+def test_run_stops_early_and_rerun_has_nothing_to_do(toy_data, tmp_path):
+    out = tmp_path / "run"
+    extra = {"eval.every": 2, "train.max_steps": 20, "checkpoint.save_every": 0,
+             "train.stop_when.metric": "val/loss", "train.stop_when.patience": 1, "train.stop_when.min_delta": 10}
+    assert train_main(tiny_overrides(out, toy_data, **extra)) == 0
+    assert sorted(ckpt.find_checkpoints(out)) == [2]  # step 0 sets the best; step 2 cannot beat it by 10
+    state = json.loads((out / "step_2" / "resume" / "state.json").read_text())
+    assert "has not improved" in state["progress"]["stopped_early"]
+    assert train_main(tiny_overrides(out, toy_data, **extra)) == 0  # same command: nothing to do
+    assert sorted(ckpt.find_checkpoints(out)) == [2]
+    assert max(r["step"] for r in read_metrics(out / "metrics.jsonl")) == 2
+    assert (out / "tensorboard").is_dir() and list((out / "tensorboard").glob("events.*"))
