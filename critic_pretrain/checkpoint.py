@@ -20,6 +20,7 @@ folder never becomes the resume point.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -184,9 +185,13 @@ def _fsync_tree(root: Path) -> None:
 
 def _fault(point: str, step: int) -> None:
     """Test seam: ``CRITIC_PRETRAIN_FAULT=<point>@<step>`` kills the process (SIGKILL-like:
-    no cleanup) at that point of that step's save, for fault-injection tests."""
-    if os.environ.get("CRITIC_PRETRAIN_FAULT") == f"{point}@{step}":
+    no cleanup) at that point of that step's save or retention; ``enospc@<step>`` makes that
+    save fail as on a full disk (after the weights are written)."""
+    fault = os.environ.get("CRITIC_PRETRAIN_FAULT")
+    if fault == f"{point}@{step}":
         os._exit(137)
+    if fault == f"enospc@{step}" and point == "after_weights":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def rng_state() -> dict[str, Any]:
@@ -231,6 +236,26 @@ def save_checkpoint(
     tmp = root / f"tmp_step_{step}"
     final = root / f"step_{step}"
     p = StepPaths(tmp)
+    try:
+        _save(p, step, model, optimizer, scheduler, hf_config, training_info, scheduler_meta, manifest, config_yaml,
+              resume_state, tokenizer, is_main, rank, barrier)
+    except OSError as e:  # full disk, quota, permissions: keep what was there, remove the partial save
+        if is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        prev = sorted(find_checkpoints(root))
+        raise UserError(f"saving {final} failed: {e.strerror or e} ({e.filename or root}); "
+                        + (f"step_{prev[-1]} is intact" if prev else "no earlier checkpoint exists")
+                        + "; free space (or fix the folder) and re-run the same command to resume") from None
+    if is_main:
+        _publish(root, tmp, final, step)
+    barrier()
+    return final
+
+
+def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_info, scheduler_meta, manifest,
+          config_yaml, resume_state, tokenizer, is_main, rank, barrier) -> None:
+    """Write everything of one checkpoint under the temporary folder ``p.root``."""
+    tmp = p.root
     if is_main:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -270,18 +295,20 @@ def save_checkpoint(
                     "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": _files_manifest(tmp)}
         _write_json(p.manifest, manifest)
         _fsync_tree(tmp)
-        _fault("before_rename", step)
-        if final.exists():  # re-saving a step (e.g. after a resume from it): swap, never delete first
-            old = root / f"old_step_{step}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(root)
-    barrier()
-    return final
+
+
+def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
+    """Rename the finished temporary folder to ``step_<n>`` (the atomic moment of a save)."""
+    _fault("before_rename", step)
+    if final.exists():  # re-saving a step (e.g. after a resume from it): swap, never delete first
+        old = root / f"deleting_step_{step}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
 
 
 @contextlib.contextmanager
@@ -350,6 +377,8 @@ def apply_retention(output_dir: str | os.PathLike, keep_last: int | None, protec
     everything is kept. Also removes leftover ``tmp_step_*`` folders of older steps.
     """
     root = Path(output_dir)
+    for d in root.glob("deleting_step_*"):  # an earlier retention was interrupted
+        shutil.rmtree(d, ignore_errors=True)
     steps = sorted(find_checkpoints(root))
     deleted = []
     if steps and (keep_last is not None or keep_best is not None):
@@ -360,7 +389,12 @@ def apply_retention(output_dir: str | os.PathLike, keep_last: int | None, protec
             keep |= set(best_steps(root, best_metric, keep_best))
         for n in steps:
             if n not in keep:
-                shutil.rmtree(root / f"step_{n}")
+                # Rename first (atomic): a kill during the slow delete never leaves a
+                # half-deleted folder named step_<n>.
+                doomed = root / f"deleting_step_{n}"
+                os.replace(root / f"step_{n}", doomed)
+                _fault("retention", steps[-1])
+                shutil.rmtree(doomed)
                 deleted.append(n)
     newest = steps[-1] if steps else -1
     for d in root.glob("tmp_step_*"):

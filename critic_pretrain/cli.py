@@ -54,8 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv and argv[0] in COMMANDS:  # the module parses its own options (even a leading --flag)
+            return _run_module(COMMANDS[argv[0]][0], argv[1:])
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except USER_ERRORS as e:
         if os.environ.get("CRITIC_PRETRAIN_DEBUG"):
@@ -64,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `critic-pretrain ... | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -62,9 +62,32 @@ class ModelConfig:
 
 
 @dataclass
+class SourceConfig:
+    paths: list[str] = field(default_factory=list)
+    """Parquet files, folders (recursive) and globs of this source."""
+    name: str | None = None
+    """Label in logs and manifests (default: the first path)."""
+    weight: float = 1.0
+    """Sampling weight: each rollout of the source appears `weight` times per epoch on
+    average (2: twice; 0.5: a different half each epoch)."""
+    policy_version: list[int] | None = None
+    """Keep rollouts whose `policy_version` is in [min, max] (rows without one are dropped)."""
+    reward: list[float] | None = None
+    """Keep rollouts whose outcome `reward` (before any transform) is in [min, max]."""
+    min_policy_tokens: int = 1
+    """Keep rollouts with at least this many policy tokens."""
+    max_length: int | None = None
+    """Keep rollouts of at most this many tokens."""
+
+
+@dataclass
 class DataConfig:
     train: list[str] = field(default_factory=list)
-    """Training rollouts: parquet files, folders (recursive) and globs."""
+    """Training rollouts: parquet files, folders (recursive) and globs (one source of
+    weight 1 without filters; see `sources` for more)."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """More training sources, each with a weight and filters (added to `train`). Rollouts
+    are de-duplicated by `sample_id` across all sources (the first occurrence is kept)."""
     val: list[str] = field(default_factory=list)
     """Validation rollouts. Empty: hold out `val_fraction` of the training prompts."""
     val_fraction: float = 0.05
@@ -85,6 +108,16 @@ class DataConfig:
     cache_dir: str | None = None
     """Where the validated, memory-mapped copy of the data lives. Default:
     `<output_dir>/data_cache`."""
+    max_bad_fraction: float = 0.05
+    """With `on_bad: skip`, stop with an error when more than this share of rows (or of
+    files) is bad, instead of silently training on what is left."""
+    allow_changes: bool = False
+    """On resume, accept rollout files that changed since the checkpoint (added, removed or
+    modified); the change is recorded in the next checkpoints' manifests. Off: stop."""
+
+    def all_sources(self) -> list[SourceConfig]:
+        """`train` as one plain source, then `sources`."""
+        return ([SourceConfig(paths=list(self.train), name="train")] if self.train else []) + list(self.sources)
 
 
 @dataclass
@@ -300,6 +333,8 @@ def _coerce(value: Any, t: Any, key: str) -> Any:
         if value not in args:
             raise UserError(f"config key '{key}' is {value!r}; use one of: {', '.join(map(str, args))}")
         return value
+    if dataclasses.is_dataclass(t):
+        return _build(t, value if value is not None else {}, f"{key}.")
     if origin is list:
         if isinstance(value, (str, int, float)) and args and args[0] is str:
             value = [value]  # data.train=path is a one-item list
@@ -345,7 +380,16 @@ def validate(cfg: Config) -> None:
             raise UserError(msg)
 
     need(bool(cfg.output_dir), "output_dir is empty; set output_dir=runs/<name>")
-    need(bool(cfg.data.train), "data.train is empty; set data.train=[path/to/rollouts] (files, folders or globs)")
+    need(bool(cfg.data.train or cfg.data.sources),
+         "data.train is empty; set data.train=[path/to/rollouts] (files, folders or globs) or data.sources")
+    for i, src in enumerate(cfg.data.sources):
+        key = f"data.sources[{i}]"
+        need(bool(src.paths), f"{key}.paths is empty; give files, folders or globs")
+        need(src.weight >= 0, f"{key}.weight={src.weight} must be >= 0")
+        for name in ("policy_version", "reward"):
+            rng = getattr(src, name)
+            need(rng is None or (len(rng) == 2 and rng[0] <= rng[1]), f"{key}.{name}={rng} must be [min, max]")
+    need(0.0 <= cfg.data.max_bad_fraction <= 1.0, "data.max_bad_fraction must be in [0, 1]")
     need(0.0 <= cfg.data.val_fraction < 1.0, f"data.val_fraction={cfg.data.val_fraction} must be in [0, 1)")
     need(cfg.data.max_tokens > 0, "data.max_tokens must be > 0 (tokens per micro-batch)")
     if cfg.data.max_length is not None:
@@ -411,10 +455,15 @@ def describe(cls=Config, prefix: str = "", defaults: Any = None) -> list[tuple[s
     defaults = defaults if defaults is not None else cls()
     docs = field_docs(cls)
     rows = []
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         value = getattr(defaults, f.name)
+        item = (typing.get_args(hints[f.name]) or [None])[0]
         if dataclasses.is_dataclass(value):
             rows += describe(type(value), f"{prefix}{f.name}.", value)
+        elif typing.get_origin(hints[f.name]) is list and dataclasses.is_dataclass(item):
+            rows.append((f"{prefix}{f.name}", "[]", docs.get(f.name, "")))
+            rows += describe(item, f"{prefix}{f.name}[].", item())
         else:
             rows.append((f"{prefix}{f.name}", yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("..."
                                                                                                               ).strip(),

@@ -36,14 +36,14 @@ import pyarrow.compute as pc
 import torch
 
 from rollouts import RolloutReader
-from rollouts.paths import resolve
+from rollouts.paths import file_fingerprint, resolve
 
-from .config import DataConfig, TargetsConfig
+from .config import DataConfig, SourceConfig, TargetsConfig
 from .targets import RewardTransform, build_targets
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT = 1
+STORE_FORMAT = 2
 STORE_FILE = "rollouts.arrow"
 STORE_META = "meta.json"
 # Columns of the store. `returns` are the value targets; `weight` = sample_weight.
@@ -55,6 +55,7 @@ STORE_SCHEMA = pa.schema([
     ("split_key", pa.string()),
     ("oracle_values", pa.list_(pa.float32())),
     ("values", pa.list_(pa.float32())),
+    ("source", pa.int16()),
 ])
 
 
@@ -72,14 +73,27 @@ class StoreStats:
 
     files: int = 0
     rows: int = 0
+    """Rollouts in the store."""
     tokens: int = 0
     policy_tokens: int = 0
     bad_rows: int = 0
     bad_files: int = 0
+    duplicates: int = 0
+    """Rollouts dropped as repeats of an earlier sample_id (across sources)."""
     zero_weight_rows: int = 0
+    filtered: dict = field(default_factory=dict)
+    """Rollouts left out by source filters, by filter."""
     problems: dict = field(default_factory=dict)
+    """Bad rows and files by kind (see the quarantine report for each one)."""
+    sources: dict = field(default_factory=dict)
+    """Rollouts kept per source name."""
     mean_target: float = 0.0
     target_var: float = 0.0
+
+    def bad_fraction(self) -> float:
+        """Share of bad rows among rows read, or of bad files among files, whichever is larger."""
+        rows_read = self.rows + self.bad_rows + self.duplicates + self.zero_weight_rows + sum(self.filtered.values())
+        return max(self.bad_rows / max(rows_read, 1), self.bad_files / max(self.files, 1))
 
 
 class RolloutStore:
@@ -95,6 +109,7 @@ class RolloutStore:
         # Zero-copy: the table's buffers point into the mapped file, RSS grows only with use.
         self.table = pa.ipc.open_file(pa.memory_map(str(self.path / STORE_FILE))).read_all()
         self.lengths = pc.list_value_length(self.table.column("input_ids")).to_numpy().astype(np.int64)
+        self.source = self.table.column("source").to_numpy().astype(np.int64)
 
     def __getstate__(self):
         return {"path": self.path, "meta": self.meta, "stats": self.stats}
@@ -114,82 +129,170 @@ class RolloutStore:
     def has_values(self) -> bool:
         return self.table.column("values").null_count < len(self)
 
+    @property
+    def files(self) -> list[dict]:
+        """The data manifest: one entry per file (path, size, mtime_ns, fingerprint, source, rows)."""
+        return self.meta["files"]
+
     def split_keys(self) -> list[str]:
         return self.table.column("split_key").to_pylist()
 
 
-def _fingerprint(files: list[Path], data: DataConfig, targets: TargetsConfig) -> str:
+def _cache_key(files: list[tuple[int, Path]], sources: list[SourceConfig], data: DataConfig,
+               targets: TargetsConfig) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"format": STORE_FORMAT, "on_bad": data.on_bad, "targets": vars(targets)},
-                        sort_keys=True).encode())
-    for f in files:
+    h.update(json.dumps({"format": STORE_FORMAT, "on_bad": data.on_bad, "targets": vars(targets),
+                         "sources": [vars(s) for s in sources]}, sort_keys=True).encode())
+    for i, f in files:
         st = f.stat()
-        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(f"{i}\0{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:16]
 
 
-def prepare_store(specs: list[str], cache_dir: str | os.PathLike, data: DataConfig,
+def source_files(sources: list[SourceConfig]) -> list[tuple[int, Path]]:
+    """(source index, file) for every file of every source; a file listed by two sources is
+    read once, for the first."""
+    out, seen = [], set()
+    for i, src in enumerate(sources):
+        for f in resolve(src.paths):
+            key = f.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append((i, f))
+    return out
+
+
+def file_manifest(files: list[tuple[int, Path]]) -> list[dict]:
+    """Path, size, mtime and content fingerprint of each file (cheap: the parquet footer)."""
+    out = []
+    for i, f in files:
+        st = f.stat()
+        out.append({"path": str(f.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                    "fingerprint": file_fingerprint(f), "source": i})
+    return out
+
+
+def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.PathLike, data: DataConfig,
                   targets: TargetsConfig, *, name: str = "train", progress: bool = False) -> RolloutStore:
-    """Validate ``specs`` and build (or reuse) the memory-mapped store under ``cache_dir/name``."""
-    files = resolve(specs)
-    fp = _fingerprint(files, data, targets)
+    """Validate, filter and de-duplicate ``sources`` (``SourceConfig``s, or plain path specs
+    as one unfiltered source), compute targets, and build (or reuse) the memory-mapped store
+    under ``cache_dir/name``."""
+    if sources and not isinstance(sources[0], SourceConfig):
+        sources = [SourceConfig(paths=[str(p) for p in sources], name=name)]
+    files = source_files(sources)
+    key = _cache_key(files, sources, data, targets)
     out = Path(cache_dir) / name
-    if (out / STORE_META).is_file() and json.loads((out / STORE_META).read_text()).get("fingerprint") == fp:
+    if (out / STORE_META).is_file() and json.loads((out / STORE_META).read_text()).get("fingerprint") == key:
         log.info("%s data: reusing prepared store %s", name, out)
         return RolloutStore(out)
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    reader = RolloutReader(files, on_bad=data.on_bad, quarantine=tmp / "quarantine.jsonl")
     transform = reward_transform(targets)
-    stats = StoreStats()
-    t_sum = t_sq = t_n = 0.0
+    stats = StoreStats(filtered=dict.fromkeys(FILTERS, 0))
+    sums = np.zeros(3)  # Σ target, Σ target², count over policy tokens
+    manifest = file_manifest(files)
+    seen_ids: set[str] = set()  # de-duplication across files and sources
     bar = _progress(len(files), f"preparing {name} data", progress)
-    last_file = None
-    with pa.ipc.new_file(str(tmp / STORE_FILE), STORE_SCHEMA) as writer:
-        for path, rows, batch in reader:
-            if path != last_file:
-                bar.update(1 if last_file is not None else 0)
-                last_file = path
-            batch, n_zero = _drop_zero_weight(batch)
-            stats.zero_weight_rows += n_zero
-            if batch.num_rows == 0:
-                continue
-            out_batch, (s, sq, n) = _with_targets(batch, rows, path, transform, targets)
-            t_sum, t_sq, t_n = t_sum + s, t_sq + sq, t_n + n
-            writer.write_batch(out_batch)
+    with pa.ipc.new_file(str(tmp / STORE_FILE), STORE_SCHEMA) as writer, \
+            open(tmp / "quarantine.jsonl", "w") as quarantine:
+        for entry, (i, f) in zip(manifest, files):
+            src = sources[i]
+            reader = RolloutReader([f], on_bad=data.on_bad, duplicates="drop", seen_ids=seen_ids)
+            kept = 0
+            for path, rows, batch in reader:
+                batch, rows = _apply_filters(batch, rows, src, stats)
+                if batch.num_rows:
+                    out_batch, batch_sums = _with_targets(batch, rows, path, transform, targets, source=i)
+                    sums += batch_sums
+                    writer.write_batch(out_batch)
+                    kept += batch.num_rows
+            for p in reader.problems:
+                quarantine.write(p.to_json() + "\n")
+            _add_summary(stats, reader.summary)
+            entry.update(rows=kept, bad_rows=reader.summary.bad_rows, bad=reader.summary.bad_files > 0)
+            label = src.name or src.paths[0]
+            stats.sources[label] = stats.sources.get(label, 0) + kept
+            stats.rows += kept
+            bar.update(1)
     bar.close()
-    summary = reader.summary
-    if summary.rows - stats.zero_weight_rows <= 0:
-        raise_empty(name, files, summary)
-    stats.files, stats.rows = summary.files, summary.rows - stats.zero_weight_rows
-    stats.tokens, stats.policy_tokens = summary.tokens, summary.policy_tokens
-    stats.bad_rows, stats.bad_files, stats.problems = summary.bad_rows, summary.bad_files, dict(summary.problems)
-    stats.mean_target = t_sum / max(t_n, 1)
-    stats.target_var = max(t_sq / max(t_n, 1) - stats.mean_target ** 2, 0.0)
-    meta = {"format": STORE_FORMAT, "fingerprint": fp, "files": [str(f) for f in files],
-            "targets": vars(targets), "stats": vars(stats)}
+    if stats.rows == 0:
+        raise_empty(name, len(files), stats)
+    stats.mean_target = sums[0] / max(sums[2], 1)
+    stats.target_var = max(sums[1] / max(sums[2], 1) - stats.mean_target ** 2, 0.0)
+    meta = {"format": STORE_FORMAT, "fingerprint": key, "files": manifest, "targets": vars(targets),
+            "sources": [vars(s) for s in sources], "stats": vars(stats)}
     (tmp / STORE_META).write_text(json.dumps(meta, indent=2))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return RolloutStore(out)
 
 
-def raise_empty(name, files, summary) -> None:
+def _add_summary(stats: StoreStats, summary) -> None:
+    stats.files += summary.files
+    stats.bad_files += summary.bad_files
+    stats.bad_rows += summary.bad_rows
+    stats.duplicates += summary.duplicates
+    for k, v in summary.problems.items():
+        stats.problems[k] = stats.problems.get(k, 0) + v
+
+
+def check_bad_fraction(stats: StoreStats, limit: float, name: str, quarantine: Path) -> None:
+    """Stop instead of silently training on a sliver of the archive."""
+    if stats.bad_fraction() > limit:
+        from .errors import UserError
+        raise UserError(f"{name} data: {stats.bad_rows} bad rows and {stats.bad_files} bad files of {stats.files} "
+                        f"({stats.bad_fraction():.1%} bad) is above data.max_bad_fraction={limit:g}; see {quarantine} "
+                        "for each one, fix or remove them, or raise data.max_bad_fraction")
+
+
+def raise_empty(name: str, n_files: int, stats: StoreStats) -> None:
     from .errors import UserError
-    raise UserError(f"{name} data: no usable rollouts in {len(files)} file(s) "
-                    f"({summary.bad_rows} bad rows, {summary.bad_files} bad files); "
-                    "run `critic-pretrain rollouts check` on it")
+    raise UserError(f"{name} data: no usable rollouts in {n_files} file(s) ({stats.bad_rows} bad rows, "
+                    f"{stats.bad_files} bad files, {sum(stats.filtered.values())} filtered out, "
+                    f"{stats.zero_weight_rows} with sample_weight 0); run `critic-pretrain rollouts check` on it")
 
 
-def _drop_zero_weight(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, int]:
-    if "sample_weight" not in batch.schema.names:
-        return batch, 0
-    w = pc.fill_null(batch.column("sample_weight"), 1.0)
-    keep = pc.greater(w, 0.0)
-    n_zero = batch.num_rows - pc.sum(keep).as_py()
-    return (batch.filter(keep) if n_zero else batch), n_zero
+FILTERS = ("zero_weight", "policy_version", "reward", "min_policy_tokens", "max_length")
+
+
+def _apply_filters(batch: pa.RecordBatch, rows: np.ndarray, src: SourceConfig,
+                   stats: StoreStats) -> tuple[pa.RecordBatch, np.ndarray]:
+    """Drop rows with sample_weight 0 and rows outside the source's filters; count each."""
+    n = batch.num_rows
+    names = batch.schema.names
+    keep = np.ones(n, dtype=bool)
+
+    def drop(mask: np.ndarray, reason: str) -> None:
+        nonlocal keep
+        hit = mask & keep
+        stats.filtered[reason] = stats.filtered.get(reason, 0) + int(hit.sum())
+        keep &= ~mask
+
+    def column(name: str, fill) -> np.ndarray:
+        if name not in names:
+            return np.full(n, fill, dtype=float)
+        return pc.fill_null(batch.column(name).cast(pa.float64()), fill).to_numpy(zero_copy_only=False)
+
+    drop(column("sample_weight", 1.0) <= 0, "zero_weight")
+    if src.policy_version is not None:
+        v = column("policy_version", np.nan)
+        drop(~((v >= src.policy_version[0]) & (v <= src.policy_version[1])), "policy_version")
+    if src.reward is not None:
+        r = column("reward", np.nan)
+        drop(~((r >= src.reward[0]) & (r <= src.reward[1])), "reward")
+    if src.min_policy_tokens > 1:
+        mask = batch.column("loss_mask")
+        policy = np.bincount(pc.list_parent_indices(mask).to_numpy(), weights=pc.list_flatten(mask).to_numpy(),
+                             minlength=n)
+        drop(policy < src.min_policy_tokens, "min_policy_tokens")
+    if src.max_length is not None:
+        drop(pc.list_value_length(batch.column("input_ids")).to_numpy() > src.max_length, "max_length")
+    stats.zero_weight_rows = stats.filtered.get("zero_weight", 0)
+    if keep.all():
+        return batch, rows
+    return batch.filter(pa.array(keep)), rows[keep]
 
 
 def _padded(arr: pa.Array, lengths: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -204,7 +307,7 @@ def _padded(arr: pa.Array, lengths: np.ndarray, dtype: torch.dtype) -> torch.Ten
 
 
 def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform: RewardTransform,
-                  targets: TargetsConfig) -> tuple[pa.RecordBatch, tuple[float, float, float]]:
+                  targets: TargetsConfig, source: int = 0) -> tuple[pa.RecordBatch, np.ndarray]:
     """Compute value targets for a validated batch; return the store columns."""
     names = batch.schema.names
     n = batch.num_rows
@@ -223,7 +326,7 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
     ret = build_targets(reward, token_rewards, mask, gamma=targets.gamma, lam=targets.lam,
                         transform=transform, values=values)                             # [B, T]
     valid = mask.bool()
-    stats = (float(ret[valid].sum()), float(ret[valid].square().sum()), float(valid.sum()))
+    sums = np.array([float(ret[valid].sum()), float(ret[valid].square().sum()), float(valid.sum())])
     ret_flat = ret[torch.arange(ret.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]]
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
     weight = (pc.fill_null(batch.column("sample_weight"), 1.0).cast(pa.float32()) if "sample_weight" in names
@@ -239,8 +342,9 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
         "weight": weight, "split_key": keys,
         "oracle_values": batch.column("oracle_values") if "oracle_values" in names else null_list,
         "values": batch.column("values") if "values" in names else null_list,
+        "source": pa.array(np.full(n, source, np.int16)),
     }
-    return pa.RecordBatch.from_arrays([cols[f.name] for f in STORE_SCHEMA], schema=STORE_SCHEMA), stats
+    return pa.RecordBatch.from_arrays([cols[f.name] for f in STORE_SCHEMA], schema=STORE_SCHEMA), sums
 
 
 def _optional_padded(batch: pa.RecordBatch, name: str, lengths: np.ndarray) -> torch.Tensor | None:
@@ -322,6 +426,25 @@ def effective_lengths(store: RolloutStore, indices: np.ndarray, data: DataConfig
         keep = lens <= max_len
         return indices[keep], lens[keep]
     return indices, np.minimum(lens, max_len)
+
+
+def weighted_rows(indices: np.ndarray, lengths: np.ndarray, source: np.ndarray, weights: np.ndarray, *,
+                  seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Apply source weights for one epoch: weight w repeats a source's rollouts floor(w)
+    times and adds a fresh random share w - floor(w) of them (from (seed, epoch, source)).
+    All weights 1: the rows unchanged."""
+    if np.all(weights == 1.0):
+        return indices, lengths
+    picks = []
+    for s, w in enumerate(weights):
+        mine = np.flatnonzero(source == s)
+        whole, frac = int(np.floor(w)), w - np.floor(w)
+        picks += [mine] * whole
+        if frac > 0:
+            rng = np.random.default_rng([seed, epoch, 1000 + s])
+            picks.append(np.sort(rng.choice(mine, int(round(frac * len(mine))), replace=False)))
+    pos = np.concatenate(picks) if picks else np.zeros(0, np.int64)
+    return indices[pos], lengths[pos]
 
 
 def plan_epoch(indices: np.ndarray, lengths: np.ndarray, *, seed: int, epoch: int, data: DataConfig,
@@ -437,6 +560,13 @@ class TrainData:
     max_length: int
     overlong: int
     """Rollouts longer than max_length (truncated or skipped)."""
+    source_weights: np.ndarray
+    """Sampling weight of each training source (indexed by the store's `source` column)."""
+
+    def epoch(self, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's rollouts and lengths after source weights (see ``weighted_rows``)."""
+        return weighted_rows(self.train_idx, self.train_len, self.train.source[self.train_idx],
+                             self.source_weights, seed=seed, epoch=epoch)
 
     def describe(self) -> str:
         st = self.train.stats
@@ -450,8 +580,10 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
     """Prepare (or reuse) the stores and split them. ``main_first`` is a context manager that
     lets rank 0 build the stores before the other ranks read them."""
     with main_first():
-        train = prepare_store(data.train, cache_dir, data, targets, name="train", progress=progress)
+        train = prepare_store(data.all_sources(), cache_dir, data, targets, name="train", progress=progress)
         val = prepare_store(data.val, cache_dir, data, targets, name="val") if data.val else train
+    for store in {id(train): train, id(val): val}.values():
+        check_bad_fraction(store.stats, data.max_bad_fraction, store.path.name, store.path / "quarantine.jsonl")
     if data.val:
         train_idx, val_idx = np.arange(len(train)), np.arange(len(val))
     else:
@@ -459,4 +591,5 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
     max_length = data.max_length or data.max_tokens
     overlong = int((train.lengths[train_idx] > max_length).sum())
     train_idx, train_len = effective_lengths(train, train_idx, data)
-    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong)
+    weights = np.array([s.weight for s in data.all_sources()], dtype=np.float64)
+    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong, weights)

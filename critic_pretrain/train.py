@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import math
 import os
@@ -31,7 +32,8 @@ import yaml
 
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.config import Config, describe, load_config
-from critic_pretrain.data import Layout, TrainData, build_train_data, loader, plan_epoch, step_batches, to_device
+from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
+                                  source_files, step_batches, to_device)
 from critic_pretrain.errors import USER_ERRORS, UserError
 from critic_pretrain.evaluate import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, summarize, value_sums
@@ -71,6 +73,8 @@ class Run:
     metrics: MetricsLog
     stop_rule: StopRule
     last_val: dict = field(default_factory=dict)
+    data_changes: list = field(default_factory=list)
+    """Accepted changes of the rollout files across resumes (``data.allow_changes``)."""
 
     @property
     def out(self) -> Path:
@@ -150,15 +154,17 @@ def setup(cfg: Config) -> Run:
     resume_dir = ckpt.resolve_resume(out, cfg.checkpoint.load_step)
     if resume_dir is not None:
         log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
+        data_changes = check_data_changes(resume_dir, cfg.data)
     else:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
+        data_changes = []
     set_seed(cfg.seed)
 
     # ---- data ---------------------------------------------------------------------------------
     data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or out / "data_cache"),
-                            main_first=accelerator.main_process_first, progress=is_main)
+                            main_first=accelerator.main_process_first, progress=is_main and cfg.train.progress)
     log.info("data: %s (%s)", data.describe(), cfg.data.overlong)
-    if not plan_epoch(data.train_idx, data.train_len, seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
+    if not plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
                         f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
 
@@ -189,7 +195,34 @@ def setup(cfg: Config) -> Run:
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
                          tensorboard_dir=out / "tensorboard" if cfg.train.tensorboard else None)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, _load_tokenizer(cfg), resume_dir,
-               prog, metrics, stop_rule)
+               prog, metrics, stop_rule, data_changes=data_changes)
+
+
+def check_data_changes(step_dir: Path, data_cfg) -> list[dict]:
+    """Compare the rollout files now with the data manifest saved in ``step_dir``.
+
+    Changed files stop the run (a resume would silently train on other data) unless
+    ``data.allow_changes``; then the change joins the history recorded in later manifests.
+    """
+    manifest = json.loads(ckpt.StepPaths(step_dir).manifest.read_text()).get("data", {})
+    history = list(manifest.get("changes", []))
+    before = {f["path"]: f for f in manifest.get("files", [])}
+    now = {f["path"]: f for f in file_manifest(source_files(data_cfg.all_sources()))}
+    added = sorted(now.keys() - before.keys())
+    removed = sorted(before.keys() - now.keys())
+    modified = sorted(p for p in now.keys() & before.keys()
+                      if (now[p]["size"], now[p]["fingerprint"]) != (before[p]["size"], before[p]["fingerprint"]))
+    if not (added or removed or modified):
+        return history
+    parts = [f"{len(v)} {k} ({', '.join(Path(p).name for p in v[:3])}{', ...' if len(v) > 3 else ''})"
+             for k, v in (("added", added), ("removed", removed), ("modified", modified)) if v]
+    what = f"the rollout files changed since {step_dir.name} was saved: {'; '.join(parts)}"
+    if not data_cfg.allow_changes:
+        raise UserError(f"{what}. Restore them, use a new output_dir, or set data.allow_changes=true to continue "
+                        "on the new data (the change is recorded in the checkpoint manifests)")
+    log.warning("%s; continuing on the new data (data.allow_changes=true)", what)
+    return history + [{"at_step": ckpt.step_number(step_dir), "added": added, "removed": removed,
+                       "modified": modified}]
 
 
 def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> Progress:
@@ -285,7 +318,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
     window = Window(run)
     run.model.train()
     while prog.step < cfg.train.max_steps and not prog.stopped_early:
-        plan = plan_epoch(run.data.train_idx, run.data.train_len, seed=cfg.seed, epoch=prog.epoch, data=cfg.data,
+        plan = plan_epoch(*run.data.epoch(cfg.seed, prog.epoch), seed=cfg.seed, epoch=prog.epoch, data=cfg.data,
                           layout=layout)
         steps_in_epoch = len(plan) // layout.per_step
         mine = [mb for s in range(prog.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
@@ -364,8 +397,9 @@ def save(run: Run, step: int) -> None:
         "value_alignment": "value[t] = head(hidden[t-1]); value[0] = 0",
         "model": {"class": type(raw).__name__, "name_or_path": cfg.model.name_or_path,
                   "head_bias": cfg.model.head_bias, "parameters": count_parameters(raw)},
-        "data": {"train_files": run.data.train.meta["files"], "train_rows": len(run.data.train_idx),
-                 "val_rows": len(run.data.val_idx), "stats": vars(run.data.train.stats)},
+        "data": {"files": run.data.train.files, "train_rows": len(run.data.train_idx),
+                 "val_rows": len(run.data.val_idx), "stats": vars(run.data.train.stats),
+                 "sources": run.data.train.meta["sources"], "changes": run.data_changes},
         "world_size": run.layout.world, "versions": ckpt.library_versions(),
     }
     ckpt.save_checkpoint(

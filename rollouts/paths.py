@@ -75,3 +75,25 @@ def _walk(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
         files += [Path(dirpath) / f for f in sorted(filenames)
                   if f.endswith(suffixes) and not f.startswith(".")]
     return files
+
+
+def file_fingerprint(path: str | os.PathLike, limit: int = 16 << 20) -> str:
+    """A cheap content fingerprint: sha256 of the size and the parquet footer (row groups,
+    offsets, sizes and statistics), or of the last 64 KiB for other files. Detects appended,
+    rewritten and truncated shards without reading whole archives."""
+    import hashlib
+
+    p = Path(path)
+    size = p.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(p, "rb") as f:
+        tail = 64 << 10
+        if size >= 12:
+            f.seek(size - 8)
+            end = f.read(8)
+            if end[4:] == b"PAR1":
+                tail = int.from_bytes(end[:4], "little") + 8
+        tail = min(tail, size, limit)
+        f.seek(size - tail)
+        h.update(f.read(tail))
+    return h.hexdigest()[:32]

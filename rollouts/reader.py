@@ -45,6 +45,8 @@ class Summary:
     rows: int = 0
     """Rows kept (valid)."""
     bad_rows: int = 0
+    duplicates: int = 0
+    """Rows dropped as repeats of an earlier sample_id (de-duplication mode)."""
     tokens: int = 0
     policy_tokens: int = 0
     problems: Counter = field(default_factory=Counter)
@@ -56,6 +58,7 @@ class Summary:
     def add(self, res: BatchResult) -> None:
         self.rows += len(res.rows)
         self.bad_rows += len(res.problems)
+        self.duplicates += res.duplicates
         self.tokens += int(res.lengths.sum())
         self.policy_tokens += int(res.policy_tokens.sum())
         self._lengths.append(res.lengths.astype(np.int32))
@@ -80,7 +83,7 @@ class Summary:
         lengths, rewards, turns = self.lengths, self.rewards, self.turns
         d = {
             "files": self.files, "bad_files": self.bad_files,
-            "rows": self.rows, "bad_rows": self.bad_rows,
+            "rows": self.rows, "bad_rows": self.bad_rows, "duplicates": self.duplicates,
             "tokens": self.tokens, "policy_tokens": self.policy_tokens,
             "problems": dict(sorted(self.problems.items())),
             "extra_columns": sorted(self.extra_columns),
@@ -128,7 +131,8 @@ class RolloutReader:
 
     def __init__(self, paths: str | os.PathLike | Iterable, *, on_bad: OnBad = "fail",
                  quarantine: str | os.PathLike | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
-                 columns: list[str] | None = None, check_duplicates: bool = True):
+                 columns: list[str] | None = None, check_duplicates: bool = True,
+                 duplicates: Literal["error", "drop"] = "error", seen_ids: set[str] | None = None):
         if on_bad not in ("fail", "skip"):
             raise ValueError(f"on_bad must be 'fail' or 'skip', got {on_bad!r}")
         self.files = resolve(paths)
@@ -137,13 +141,16 @@ class RolloutReader:
         self.batch_rows = batch_rows
         self.columns = columns
         self.check_duplicates = check_duplicates
+        self.duplicates = duplicates
+        self._shared_ids = seen_ids
+        """A set shared with other readers: de-duplicate across sources."""
         self.summary = Summary()
         self.problems: list[Problem] = []
         """Every problem found (bounded by what was read; the quarantine file has them too)."""
         self._qfile = None
 
     def __iter__(self) -> Iterator[tuple[Path, np.ndarray, pa.RecordBatch]]:
-        seen_ids: set[str] | None = set() if self.check_duplicates else None
+        seen_ids = (self._shared_ids if self._shared_ids is not None else set()) if self.check_duplicates else None
         self.summary = Summary()
         self.problems = []
         if self.quarantine is not None:
@@ -216,7 +223,7 @@ class RolloutReader:
                     return self._file_problem(Problem(
                         name, offset, None, f"cannot decode rows from here on ({_short(e)})",
                         "the shard is truncated or corrupt: re-copy or re-export it", kind="corrupt_file"))
-                res = check_batch(name, batch, offset, seen_ids)
+                res = check_batch(name, batch, offset, seen_ids, self.duplicates)
                 for p in res.problems:
                     self._report(p)
                 self.summary.add(res)

@@ -54,6 +54,8 @@ class BatchResult:
     """Outcome reward plus the sum of per-token rewards, per kept row."""
     turns: np.ndarray
     """Number of contiguous policy segments, per kept row."""
+    duplicates: int = 0
+    """Rows left out as repeats of an earlier sample_id (``duplicates="drop"``)."""
 
 
 class _Flags:
@@ -92,11 +94,12 @@ def _row_any(flat_bad: np.ndarray, parents: np.ndarray, n: int) -> np.ndarray:
 
 
 def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
-                seen_ids: set[str] | None = None) -> BatchResult:
+                seen_ids: set[str] | None = None, duplicates: str = "error") -> BatchResult:
     """Validate every row of ``batch`` (rows ``row_offset...`` of ``file``).
 
     ``seen_ids`` carries sample ids across batches and files to catch duplicates; ids of
-    kept rows are added to it.
+    kept rows are added to it. A repeated id is a problem (``duplicates="error"``) or is
+    dropped and only counted (``"drop"``: de-duplication across sources).
     """
     n = batch.num_rows
     names = set(batch.schema.names)
@@ -162,6 +165,7 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
                   "use a finite weight >= 0 (0 drops the row from the loss)", "nan")
 
     sample_ids = None
+    dropped = np.zeros(n, dtype=bool)  # repeats left out in "drop" mode (not problems)
     if "sample_id" in names and not pa.types.is_null(batch.column("sample_id").type):
         sample_ids = batch.column("sample_id").cast(pa.string()).to_pylist()
         if seen_ids is not None:
@@ -173,8 +177,11 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
                 if sid in seen_ids or sid in batch_seen:
                     dup[i] = True
                 batch_seen.add(sid)
-            flags.add(dup, "sample_id", "duplicate sample_id (seen earlier in this archive)",
-                      "make ids unique, or remove the repeated rollout", "duplicate_id")
+            if duplicates == "error":
+                flags.add(dup, "sample_id", "duplicate sample_id (seen earlier in this archive)",
+                          "make ids unique, or remove the repeated rollout", "duplicate_id")
+            else:
+                dropped = dup & (flags.reason < 0)
 
     bad = flags.reason >= 0
     problems = []
@@ -182,7 +189,7 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
         column, reason, fix, kind = flags.msgs[flags.reason[i]]
         sid = sample_ids[i] if sample_ids is not None else None
         problems.append(Problem(file, int(row_offset + i), column, reason, fix, sid, kind))
-    keep = ~bad
+    keep = ~bad & ~dropped
     if seen_ids is not None and sample_ids is not None:
         seen_ids.update(s for s, k in zip(sample_ids, keep) if k and s is not None)
 
@@ -194,7 +201,7 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
         prev[(np.cumsum(ml) - ml)[ml > 0]] = False
         turns = np.bincount(mask_parents[is_policy & ~prev], minlength=n)
 
-    kept = batch.filter(pa.array(keep)) if bad.any() else batch
+    kept = batch.filter(pa.array(keep)) if not keep.all() else batch
     return BatchResult(
         batch=_canonicalize(kept),
         rows=np.flatnonzero(keep) + row_offset,
@@ -203,6 +210,7 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
         policy_tokens=policy[keep],
         total_reward=reward[keep],
         turns=turns[keep],
+        duplicates=int(dropped.sum()),
     )
 
 

@@ -1,0 +1,222 @@
+"""Many sources, changed archives, bad data at scale, and faults (kill, full disk, corruption)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, toy_rows, tiny_overrides
+from critic_pretrain import checkpoint as ckpt
+from critic_pretrain.config import DataConfig, SourceConfig, TargetsConfig
+from critic_pretrain.data import prepare_store, weighted_rows
+from critic_pretrain.train import main as train_main
+from rollouts import write_rows
+
+
+def train_cli(out: Path, data, env_extra: dict | None = None, **extra) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train", *tiny_overrides(out, data, **extra)],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    wa, wb = load_file(ckpt.StepPaths(a).weights), load_file(ckpt.StepPaths(b).weights)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+# --- sources: weights, filters, de-duplication ------------------------------------------------
+
+@pytest.fixture
+def two_sources(tmp_path):
+    a = toy_rows(40, seed=1)
+    for i, r in enumerate(a):
+        r["policy_version"] = i % 4
+    b = toy_rows(30, seed=2)
+    write_rows(tmp_path / "a", a)
+    write_rows(tmp_path / "b", b)
+    write_rows(tmp_path / "b_copy", b[:10])  # the same sample_ids again, in another folder
+    return tmp_path, a, b
+
+
+def test_sources_filters_and_deduplication(two_sources, tmp_path):
+    root, a, b = two_sources
+    sources = [SourceConfig(paths=[str(root / "a")], name="a", policy_version=[1, 2], min_policy_tokens=5),
+               SourceConfig(paths=[str(root / "b"), str(root / "b_copy")], name="b", reward=[0.5, 1.0], max_length=30)]
+    store = prepare_store(sources, tmp_path / "cache", DataConfig(train=["x"]), TargetsConfig())
+    st = store.stats
+    want_a = [r for r in a if r["policy_version"] in (1, 2) and sum(r["loss_mask"]) >= 5]
+    want_b = [r for r in b if r["reward"] >= 0.5 and len(r["input_ids"]) <= 30]
+    assert st.sources == {"a": len(want_a), "b": len(want_b)}
+    assert st.duplicates == 10  # b_copy repeats b's ids: dropped, counted, not an error
+    assert st.filtered["policy_version"] == sum(r["policy_version"] not in (1, 2) for r in a)
+    assert st.filtered["reward"] == sum(r["reward"] < 0.5 for r in b)
+    ids = store.table.column("split_key").to_pylist()
+    assert len(ids) == len(want_a) + len(want_b)
+    assert set(store.source.tolist()) == {0, 1}
+    manifest = {Path(f["path"]).parent.name for f in store.files}
+    assert manifest == {"a", "b", "b_copy"} and all(len(f["fingerprint"]) == 32 for f in store.files)
+
+
+def test_source_weights_per_epoch():
+    idx = np.arange(100)
+    source = np.array([0] * 60 + [1] * 40)
+    rows0, _ = weighted_rows(idx, idx + 1, source, np.array([2.0, 0.5]), seed=0, epoch=0)
+    rows1, _ = weighted_rows(idx, idx + 1, source, np.array([2.0, 0.5]), seed=0, epoch=1)
+    assert (rows0 < 60).sum() == 120 and (rows0 >= 60).sum() == 20
+    assert set(rows0[rows0 >= 60]) != set(rows1[rows1 >= 60])  # a different half each epoch
+    same, _ = weighted_rows(idx, idx, source, np.array([1.0, 1.0]), seed=0, epoch=0)
+    assert np.array_equal(same, idx)
+
+
+def test_weighted_sources_train(two_sources, tmp_path):
+    root, _, _ = two_sources
+    out = tmp_path / "run"
+    srcs = '[{paths: [%s], weight: 2}, {paths: [%s], weight: 0.5, name: b}]' % (root / "a", root / "b")
+    assert train_main(tiny_overrides(out, root / "a", **{"data.train": "[]", "data.sources": srcs,
+                                                         "train.max_steps": 4})) == 0
+    manifest = json.loads((out / "step_4" / ckpt.MANIFEST).read_text())
+    assert {s["name"] for s in manifest["data"]["sources"]} == {None, "b"}
+    assert len(manifest["data"]["files"]) == 2 and manifest["data"]["changes"] == []
+
+
+# --- the archive changes under a resumed job -------------------------------------------------
+
+def test_changed_archive_stops_resume_unless_allowed(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_rows(data, toy_rows(120), shard_rows=60)
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 4, "checkpoint.save_every": 2})) == 0
+    shard = sorted(data.glob("*.parquet"))[1]
+    pq.write_table(pq.read_table(shard).slice(0, 50), shard)  # rewritten with fewer rows
+    write_rows(data / "more", toy_rows(20, seed=9))             # and a new shard
+    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 6, "checkpoint.save_every": 2})) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "changed since step_4" in err and "1 added" in err and "1 modified" in err
+    assert "data.allow_changes=true" in err
+    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 6, "checkpoint.save_every": 2,
+                                                   "data.allow_changes": True})) == 0
+    changes = json.loads((out / "step_6" / ckpt.MANIFEST).read_text())["data"]["changes"]
+    assert changes[0]["at_step"] == 4 and len(changes[0]["added"]) == 1 and len(changes[0]["modified"]) == 1
+
+
+# --- bad data at scale ---------------------------------------------------------------------
+
+def test_bad_shards_are_quarantined_and_counted(tmp_path):
+    data = tmp_path / "data"
+    write_rows(data, toy_rows(200), shard_rows=20)  # 10 shards
+    (data / "part-00003.parquet").write_bytes(b"PAR1 not really")   # corrupt shard
+    rows = toy_rows(20, seed=5)
+    rows[4]["reward"] = float("nan")
+    write_rows(data / "x", rows)
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, data, **{"data.on_bad": "skip", "data.max_bad_fraction": 0.2,
+                                                   "train.max_steps": 2})) == 0
+    stats = json.loads((out / "step_2" / ckpt.MANIFEST).read_text())["data"]["stats"]
+    assert stats["bad_files"] == 1 and stats["bad_rows"] == 1
+    assert stats["problems"] == {"corrupt_file": 1, "nan": 1}
+    lines = [json.loads(l) for l in (out / "data_cache" / "train" / "quarantine.jsonl").read_text().splitlines()]
+    assert {Path(l["file"]).name for l in lines} == {"part-00003.parquet", "part-00000.parquet"}
+    bad_file = next(f for f in json.loads((out / "step_2" / ckpt.MANIFEST).read_text())["data"]["files"]
+                    if f["path"].endswith("part-00003.parquet"))
+    assert bad_file["bad"] is True and bad_file["rows"] == 0
+
+
+def test_too_much_bad_data_stops(tmp_path, capsys):
+    data = tmp_path / "data"
+    write_rows(data, toy_rows(60), shard_rows=20)
+    for name in ("part-00000.parquet", "part-00001.parquet"):
+        (data / name).write_bytes(b"")
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, data, **{"data.on_bad": "skip", "train.max_steps": 2})) == 2
+    err = capsys.readouterr().err
+    assert "2 bad files of 3" in err and "above data.max_bad_fraction=0.05" in err
+    assert "quarantine.jsonl" in err
+
+
+def test_thousands_of_shards_with_few_file_handles(tmp_path):
+    data = tmp_path / "data"
+    write_rows(data, toy_rows(1500), shard_rows=1)  # 1,500 one-row shards
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)); "
+            "from critic_pretrain.cli import main; sys.exit(main(['rollouts', 'check', sys.argv[1]]))")
+    res = subprocess.run([sys.executable, "-c", code, str(data)], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "files          1500" in res.stdout and "rows           1,500" in res.stdout
+
+
+# --- faults --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def reference(toy_data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reference")
+    assert train_main(tiny_overrides(out, toy_data, **{"checkpoint.keep_last": 1})) == 0
+    return out
+
+
+def test_full_disk_during_save_keeps_previous(reference, toy_data, tmp_path):
+    out = tmp_path / "run"
+    res = train_cli(out, toy_data, {"CRITIC_PRETRAIN_FAULT": "enospc@8"}, **{"checkpoint.keep_last": 1})
+    assert res.returncode == 2
+    err_lines = [l for l in res.stderr.splitlines() if l.startswith("error:")]
+    assert len(err_lines) == 1 and "No space left on device" in err_lines[0] and "step_4 is intact" in err_lines[0]
+    assert "Traceback" not in res.stderr
+    assert sorted(ckpt.find_checkpoints(out)) == [4] and not (out / "tmp_step_8").exists()
+    assert train_cli(out, toy_data, **{"checkpoint.keep_last": 1}).returncode == 0
+    assert same_weights(out / "step_12", reference / "step_12")
+
+
+def test_kill_during_retention(reference, toy_data, tmp_path):
+    out = tmp_path / "run"
+    res = train_cli(out, toy_data, {"CRITIC_PRETRAIN_FAULT": "retention@8"}, **{"checkpoint.keep_last": 1})
+    assert res.returncode == 137
+    assert (out / "deleting_step_4").is_dir() and sorted(ckpt.find_checkpoints(out)) == [8]
+    assert train_cli(out, toy_data, **{"checkpoint.keep_last": 1}).returncode == 0
+    assert not (out / "deleting_step_4").exists()
+    assert sorted(ckpt.find_checkpoints(out)) == [8, 12]  # 8: the resume point, protected
+    assert same_weights(out / "step_12", reference / "step_12")
+
+
+def test_kill_9_during_a_step(toy_data, tmp_path):
+    """SIGKILL at an arbitrary moment between saves: the same command resumes and ends identical."""
+    extra = {"checkpoint.keep_last": 1, "train.max_steps": 40}
+    straight = tmp_path / "straight"
+    assert train_main(tiny_overrides(straight, toy_data, **extra)) == 0
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "critic_pretrain.cli", "train", *tiny_overrides(out, toy_data, **extra)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not ckpt.find_checkpoints(out) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)  # somewhere in the next steps
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = sorted(ckpt.find_checkpoints(out))
+    assert killed_at and killed_at[-1] < 40, "the run finished before the kill; make it longer"
+    assert train_cli(out, toy_data, **extra).returncode == 0
+    assert same_weights(out / "step_40", straight / "step_40")
+
+
+def test_corrupt_newest_falls_back_but_explicit_step_errors(reference, toy_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    shutil.copytree(out / "step_12", out / "step_13")
+    manifest = json.loads((out / "step_13" / ckpt.MANIFEST).read_text())
+    manifest["step"] = 13
+    (out / "step_13" / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    weights = ckpt.StepPaths(out / "step_13").weights
+    weights.write_bytes(weights.read_bytes()[:-100])  # truncated
+    assert ckpt.resolve_resume(out, None) == out / "step_12"  # falls back, with a warning in the log
+    assert train_main(tiny_overrides(out, toy_data, **{"checkpoint.load_step": 13})) == 2
+    err = capsys.readouterr().err
+    assert "load_step=13" in err and "not a complete checkpoint" in err and "truncated" in err
