@@ -1,0 +1,577 @@
+"""Export a critic checkpoint for NeMo-RL, verl, OpenRLHF or TRL: ``critic-pretrain export``.
+
+    critic-pretrain export runs/x/step_370 --format nemo-rl --out seeds/x [--drop-optimizer]
+    critic-pretrain export runs/x/step_370 --format hf --out seeds/x-hf          # verl
+    critic-pretrain export runs/x/step_370 --format openrlhf --out seeds/x-orlhf
+    critic-pretrain export runs/x/step_370 --format trl --out seeds/x-trl
+
+Formats (docs/export.md has what each consumer's source does with them):
+
+- ``nemo-rl``: ``DIR/step_<n>``, a self-contained copy of the checkpoint (files hard-linked
+  where possible; written under a temporary name and renamed). Options: drop the optimizer (NeMo-RL since PR #4213 rebuilds it on a warm
+  start), cast the weights (``--dtype bfloat16``), add a tokenizer, and for older NeMo-RL
+  that loads the optimizer, rewrite the scheduler state as ``SequentialLR([ConstantLR])``
+  (the PPO example config) and/or set the learning rate the state carries.
+- ``hf``: a ``*ForTokenClassification`` folder (verl's ``critic.model.path``).
+- ``openrlhf``: AutoModel backbone + bias-free ``score`` head, ``value_head_prefix`` in
+  config.json; a head bias is folded into config.json as ``mean = -bias, std = 1``.
+- ``trl``: an ``AutoModelForSequenceClassification`` folder (bias-free ``score``).
+
+The value alignment is the same in every framework (value[t] = head(hidden[t-1])), so
+export never changes weights other than the head's bias handling and an optional cast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import checkpoint as ckpt
+from .errors import UserError
+from .seed import CONSTANT_TOTAL_ITERS, HEAD, SeedReport, check_seed, config_lines, read_dcp, scheduler_class
+
+FORMATS = ("nemo-rl", "hf", "openrlhf", "trl")
+ALIASES = {"verl": "hf"}
+TARGET = {"nemo-rl": "nemo-rl", "hf": "verl", "openrlhf": "openrlhf", "trl": "trl"}
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+SCHEDULERS = ("lambda", "sequential")
+HF_WEIGHTS = "model.safetensors"
+# Seed-check problems an export repairs: a missing head bias is added as 0 for the biased
+# formats; the optimizer is not carried by the HF formats (or is dropped on request).
+REPAIRED = {"nemo-rl": {"bias"}, "hf": {"bias", "optimizer"}, "openrlhf": {"optimizer"}, "trl": {"optimizer"}}
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote and how the value head's bias was handled."""
+
+    format: str
+    source: Path
+    out: Path                      # the folder to point the framework at
+    head_bias: float | None        # the source head's bias (None: trained without one)
+    bias_handling: str             # one sentence, also printed
+    notes: list[str] = field(default_factory=list)
+    config_lines: list[str] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)  # relative path -> "linked" | "copied" | "written"
+    normalization: dict | None = None  # openrlhf: the mean/std written into config.json
+
+    @property
+    def config_text(self) -> str:
+        return "\n".join(self.config_lines)
+
+    def summary(self) -> str:
+        written = sum(v == "written" for v in self.files.values())
+        linked = sum(v == "linked" for v in self.files.values())
+        copied = sum(v == "copied" for v in self.files.values())
+        lines = [f"exported {self.source} -> {self.out} (format {self.format}: {written} written, {linked} hard-linked, "
+                 f"{copied} copied)", f"  head bias: {self.bias_handling}"]
+        lines += [f"  {n}" for n in self.notes]
+        return "\n".join(lines + ["", *self.config_lines])
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+def export(step_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, dtype: str | None = None,
+           drop_optimizer: bool = False, tokenizer: str | None = None, scheduler: str = "lambda",
+           lr: float | None = None, total_iters: int = CONSTANT_TOTAL_ITERS, link: bool = True,
+           overwrite: bool = False) -> ExportResult:
+    """Export ``step_dir`` (a ``step_<n>`` checkpoint) as ``fmt`` into ``out``.
+
+    ``nemo-rl`` writes ``out/step_<n>``; the other formats write ``out`` itself. The source
+    is seed-checked first (problems the export repairs are let through). ``scheduler``,
+    ``lr``, ``drop_optimizer`` and ``link`` apply to ``nemo-rl`` only.
+    """
+    fmt = ALIASES.get(fmt, fmt)
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)} (verl = hf)")
+    cast = _dtype(dtype)
+    _check_options(fmt, scheduler, lr, drop_optimizer)
+    report = _checked_source(step_dir, fmt, drop_optimizer)
+    src = report.path
+    step = ckpt.step_number(src)
+    if step is None:
+        raise UserError(f"{src}: export reads a step_<n> folder; rename it to step_<n> (the step it holds)")
+    final = Path(out) / f"step_{step}" if fmt == "nemo-rl" else Path(out)
+    _check_out(src, final, overwrite)
+    # A hidden name: never a run's own tmp_step_<n>, and find_checkpoints ignores it.
+    tmp = final.parent / f".{final.name}.export-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        if fmt == "nemo-rl":
+            result = _export_nemo_rl(report, tmp, cast=cast, drop_optimizer=drop_optimizer, tokenizer=tokenizer,
+                                     scheduler=scheduler, lr=lr, total_iters=total_iters, link=link)
+        else:
+            result = _export_hf(report, fmt, tmp, cast=cast, tokenizer=tokenizer)
+        _publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.out = final
+    _self_check(final, fmt)
+    facts = {**report.facts, "normalization": result.normalization}
+    sched = None if fmt != "nemo-rl" or not (final / "value" / "optimizer").exists() else scheduler
+    result.config_lines = config_lines(TARGET[fmt], final, facts, scheduler=sched, total_iters=total_iters)
+    if fmt == "trl" and result.head_bias:
+        result.config_lines += _trl_bias_snippet()
+    return result
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise UserError(f"--dtype {name}: use one of float32, bfloat16, float16")
+    return DTYPES[name]
+
+
+def _check_options(fmt: str, scheduler: str, lr: float | None, drop_optimizer: bool) -> None:
+    if scheduler not in SCHEDULERS:
+        raise UserError(f"--scheduler {scheduler}: use lambda (NeMo-RL without value.scheduler) or sequential "
+                        "(value.scheduler set, as in the PPO example config)")
+    rewrites = scheduler != "lambda" or lr is not None
+    if fmt != "nemo-rl" and (rewrites or drop_optimizer):
+        raise UserError(f"--scheduler/--lr/--drop-optimizer apply to --format nemo-rl only: the {fmt} format "
+                        "carries no optimizer state")
+    if drop_optimizer and rewrites:
+        raise UserError("--drop-optimizer removes the optimizer state, so --scheduler sequential / --lr have nothing "
+                        "to rewrite; pass one or the other")
+    if lr is not None and not (lr > 0 and math.isfinite(lr)):
+        raise UserError(f"--lr {lr}: must be a positive learning rate, e.g. the PPO config's value.optimizer.kwargs.lr")
+
+
+def _checked_source(step_dir, fmt: str, drop_optimizer: bool) -> SeedReport:
+    """Seed-check the source; raise on any problem this export does not repair."""
+    report = check_seed(step_dir, TARGET[fmt])
+    if report.kind == "hf" and not report.problems:
+        raise UserError(f"{report.path} is already an exported Hugging Face folder; export reads the step_<n> "
+                        "checkpoint it came from")
+    repaired = REPAIRED[fmt] | ({"optimizer"} if drop_optimizer else set())
+    if report.kind == "hf":
+        repaired = set()
+    blocking = [p for p in report.problems if p.area not in repaired]
+    if blocking:
+        more = f" (and {len(blocking) - 1} more: run critic-pretrain seed check {report.path})" if len(blocking) > 1 else ""
+        raise UserError(f"cannot export {report.path}: {blocking[0]}{more}")
+    return report
+
+
+def _check_out(src: Path, final: Path, overwrite: bool) -> None:
+    src_r, final_r = src.resolve(), final.resolve()
+    if final_r == src_r or src_r in final_r.parents:
+        raise UserError(f"--out {final} is inside the source checkpoint {src}; pass a folder outside it")
+    if final.exists() and any(final.iterdir()) and not overwrite:
+        raise UserError(f"{final} already exists and is not empty; pass another --out or --overwrite")
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Atomic rename; an existing export is swapped out, never deleted first."""
+    if final.exists():
+        old = final.parent / f".{final.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def _self_check(final: Path, fmt: str) -> None:
+    """The export must pass the consumer's seed check (structure only: the source's tensors
+    were already scanned for NaN/Inf)."""
+    report = check_seed(final, TARGET[fmt], finite=False)
+    if not report.ok:
+        raise RuntimeError(f"bug: the {fmt} export at {final} fails its own seed check: {report.problems[0]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# nemo-rl: a step_<n> tree
+
+def _export_nemo_rl(report: SeedReport, tmp: Path, *, cast, drop_optimizer: bool, tokenizer: str | None,
+                    scheduler: str, lr: float | None, total_iters: int, link: bool) -> ExportResult:
+    src, dst = ckpt.StepPaths(report.path), ckpt.StepPaths(tmp)
+    bias = report.facts["head"]["bias"]
+    add_bias = bias is None
+    result = ExportResult("nemo-rl", src.root, tmp, bias, _bias_note("nemo-rl", bias, report.facts.get("target_std")))
+    files = sorted(src.weights_dir.glob("*.safetensors"))
+    dst.weights_dir.mkdir(parents=True)
+    if cast is None and not add_bias:
+        for f in files:
+            result.files[_rel(dst.weights_dir / f.name, tmp)] = _place(f, dst.weights_dir / f.name, link)
+    else:
+        state = _prepare_state(_load_state(files), cast, add_bias=add_bias)
+        _save(state, dst.weights)
+        result.files[_rel(dst.weights, tmp)] = "written"
+    if cast is None and not add_bias:
+        result.files[_rel(dst.hf_config, tmp)] = _place(src.hf_config, dst.hf_config, link)
+    else:
+        _write_hf_metadata(src.hf_config, dst.hf_config, cast, add_bias)
+        result.files[_rel(dst.hf_config, tmp)] = "written"
+    for name in ("training_info.json", "config.yaml"):
+        if (src.root / name).is_file():
+            result.files[name] = _place(src.root / name, tmp / name, link)
+    _add_tokenizer(src.tokenizer_dir, tokenizer, dst.tokenizer_dir, result, link)
+    optimizer = _export_optimizer(src, dst, result, drop_optimizer=drop_optimizer, scheduler=scheduler, lr=lr,
+                                  total_iters=total_iters, add_bias=add_bias, link=link)
+    result.notes.append(optimizer)
+    if cast is not None:
+        result.notes.append(f"weights cast to {_dtype_name(cast)} (NeMo-RL casts to value.precision on load anyway)")
+    result.notes.append("resume/ (our data position and RNG) is not exported: the seed is for a PPO run, not for "
+                        "resuming this training")
+    _write_manifest(src.root, tmp, "nemo-rl", dtype=cast, add_bias=add_bias, files_list=True, optimizer=optimizer)
+    return result
+
+
+def _export_optimizer(src: ckpt.StepPaths, dst: ckpt.StepPaths, result: ExportResult, *, drop_optimizer: bool,
+                      scheduler: str, lr: float | None, total_iters: int, add_bias: bool, link: bool) -> str:
+    """Copy, rewrite or drop value/optimizer; return one line saying which and why."""
+    if not src.optim_dir.is_dir():
+        return "optimizer: none in the source (the PPO run builds a fresh one)"
+    if drop_optimizer:
+        return ("optimizer: dropped (NeMo-RL since PR #4213 ignores it on a warm start; without value/optimizer "
+                "an older version builds a fresh one too)")
+    if scheduler == "lambda" and lr is None and not add_bias:
+        for f in sorted(src.optim_dir.iterdir()):
+            result.files[_rel(dst.optim_dir / f.name, dst.root)] = _place(f, dst.optim_dir / f.name, link)
+        if src.scheduler_json.is_file():
+            result.files[_rel(dst.scheduler_json, dst.root)] = _place(src.scheduler_json, dst.scheduler_json, link)
+        return ("optimizer: kept as trained (scheduler LambdaLR: matches an older NeMo-RL run without "
+                "value.scheduler; use --scheduler sequential when value.scheduler is set)")
+    state = read_dcp(src.optim_dir, tensors=True)
+    optim, sched = state["optim"], state["sched"]
+    base_lr = _base_lr(sched)
+    new_lr = lr if lr is not None else base_lr
+    if add_bias:
+        _add_bias_moments(optim)
+    for key in [k for k in optim if k.startswith("param_groups.")]:
+        if key.endswith((".lr", ".initial_lr")):
+            optim[key] = new_lr
+    step = int(sched.get("last_epoch", 0))
+    if scheduler == "sequential":
+        sched = sequential_state(new_lr, step, total_iters)
+    else:
+        sched = {**sched, "base_lrs": [new_lr], "_last_lr": [new_lr]}
+    _verify_scheduler(sched, scheduler, new_lr, total_iters)
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "torch.distributed is disabled...": single-process is the intent
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"optim": optim, "sched": sched}, checkpoint_id=str(dst.optim_dir), no_dist=True)
+    for f in sorted(dst.optim_dir.iterdir()):
+        result.files[_rel(f, dst.root)] = "written"
+    meta = json.loads(src.scheduler_json.read_text()) if src.scheduler_json.is_file() else {}
+    meta.update({"scheduler_class": scheduler_class(sched), "current_lr": new_lr, "exported_lr": new_lr})
+    if scheduler == "sequential":
+        meta.update({"schedule": "constant", "lr_decay_style": "constant", "constant_total_iters": total_iters})
+    ckpt._write_json(dst.scheduler_json, meta)
+    result.files[_rel(dst.scheduler_json, dst.root)] = "written"
+    what = []
+    if scheduler == "sequential":
+        what.append(f"scheduler rewritten as SequentialLR([ConstantLR(factor=1.0, total_iters={total_iters})], "
+                    "milestones=[]) (NeMo-RL's PPO example value.scheduler)")
+    what.append(f"learning rate in the state set to {new_lr:g}"
+                + (" (the run's peak lr; pass --lr to match value.optimizer.kwargs.lr)" if lr is None else ""))
+    if add_bias:
+        what.append("zero AdamW moments added for the added score.bias")
+    return "optimizer: " + "; ".join(what)
+
+
+def sequential_state(lr: float, last_epoch: int, total_iters: int = CONSTANT_TOTAL_ITERS) -> dict:
+    """The state dict of ``SequentialLR([ConstantLR(factor=1.0, total_iters)], milestones=[])``
+    (what NeMo-RL builds from the PPO example's value.scheduler) after ``last_epoch`` steps.
+
+    Built by torch itself on a one-parameter optimizer, then advanced by setting the step
+    counters (a factor-1 ConstantLR keeps the lr constant, so no step changes anything else).
+    """
+    from torch.optim.lr_scheduler import ConstantLR, SequentialLR
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    state = SequentialLR(opt, [ConstantLR(opt, factor=1.0, total_iters=total_iters)], milestones=[]).state_dict()
+    state["last_epoch"] = last_epoch
+    inner = state["_schedulers"][0]
+    inner["last_epoch"], inner["_step_count"] = last_epoch, last_epoch + 1
+    return state
+
+
+def _verify_scheduler(sched: dict, kind: str, lr: float, total_iters: int) -> None:
+    """Load the state into a fresh scheduler built the way NeMo-RL builds it and take one
+    step: a state of the wrong class fails here instead of in the PPO run."""
+    from torch.optim.lr_scheduler import ConstantLR, LambdaLR, SequentialLR
+
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    if kind == "sequential":
+        fresh = SequentialLR(opt, [ConstantLR(opt, factor=1.0, total_iters=total_iters)], milestones=[])
+    else:
+        fresh = LambdaLR(opt, lambda step: 1)
+    fresh.load_state_dict(copy.deepcopy(sched))
+    for group in opt.param_groups:  # the loaded optimizer state carries these
+        group["lr"] = group["initial_lr"] = lr
+    opt.step()
+    fresh.step()
+    got = fresh.get_last_lr()[0]
+    if not math.isclose(got, lr, rel_tol=1e-9):
+        raise RuntimeError(f"bug: the rewritten {kind} scheduler state steps to lr {got}, expected {lr}")
+
+
+def _base_lr(sched: dict) -> float:
+    base = sched.get("base_lrs") or next((s.get("base_lrs") for s in sched.get("_schedulers", [])
+                                          if isinstance(s, dict)), None)
+    if not base:
+        raise UserError("the optimizer's scheduler state has no base_lrs: pass --lr, or --drop-optimizer")
+    return float(base[0])
+
+
+def _add_bias_moments(optim: dict) -> None:
+    """Zero AdamW state for an added ``score.bias`` (flattened state: ``state.<fqn>.<field>``)."""
+    w = f"{HEAD}.weight"
+    optim[f"state.{HEAD}.bias.step"] = optim[f"state.{w}.step"].clone()
+    optim[f"state.{HEAD}.bias.exp_avg"] = torch.zeros(1, dtype=optim[f"state.{w}.exp_avg"].dtype)
+    optim[f"state.{HEAD}.bias.exp_avg_sq"] = torch.zeros(1, dtype=optim[f"state.{w}.exp_avg_sq"].dtype)
+    for key in [k for k in optim if k.startswith(f"param_groups.{w}.")]:
+        optim[key.replace(f".{w}.", f".{HEAD}.bias.")] = copy.deepcopy(optim[key])
+
+
+def _write_hf_metadata(src: Path, dst: Path, cast, add_bias: bool) -> None:
+    config = json.loads(src.read_text())
+    if cast is not None:
+        config["dtype"] = _dtype_name(cast)
+        config.pop("torch_dtype", None)
+    if add_bias:
+        config["token_classification_bias"] = True
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# hf (verl), openrlhf, trl: one Hugging Face folder
+
+def _export_hf(report: SeedReport, fmt: str, tmp: Path, *, cast, tokenizer: str | None) -> ExportResult:
+    from transformers import AutoConfig, AutoModel
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    )
+
+    from .model import write_value_config
+
+    src = ckpt.StepPaths(report.path)
+    config = AutoConfig.from_pretrained(str(src.hf_config.parent))
+    bias = report.facts["head"]["bias"]
+    target_std = report.facts.get("target_std")
+    result = ExportResult(fmt, src.root, tmp, bias, _bias_note(fmt, bias, target_std))
+    state = _load_state(sorted(src.weights_dir.glob("*.safetensors")))
+    if fmt == "hf":
+        names = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
+        state = _prepare_state(state, cast, add_bias=bias is None)
+        config.token_classification_bias = True
+    else:
+        names = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+        state = _prepare_state(state, cast, add_bias=False)
+        state.pop(f"{HEAD}.bias", None)
+        if fmt == "openrlhf":
+            # OpenRLHF loads <AutoModel base_model_prefix>.* + <value_head_prefix>.weight
+            prefix = AutoModel._model_mapping[type(config)].base_model_prefix
+            state = {_reprefix(k, config, prefix): v for k, v in state.items()}
+            config.value_head_prefix = HEAD
+            if bias:  # (values - mean) / std with mean = -bias, std = 1 adds the bias back exactly
+                config.mean, config.std = -bias, 1.0
+                result.normalization = {"mean": -bias, "std": 1.0}
+        elif bias:
+            config.critic_pretrain_head_bias = bias  # for the exact-restore snippet
+    arch = names.get(config.model_type)
+    if arch is None:
+        raise UserError(f"transformers has no {'token' if fmt == 'hf' else 'sequence'}-classification class for "
+                        f"model_type {config.model_type!r}: {fmt} cannot load this critic")
+    if cast is not None:
+        config.dtype = cast
+    write_value_config(config, tmp / "config.json", architecture=arch)
+    _save(state, tmp / HF_WEIGHTS)
+    result.files = {"config.json": "written", HF_WEIGHTS: "written"}
+    _add_tokenizer(src.tokenizer_dir, tokenizer, tmp, result, link=False)
+    _write_manifest(src.root, tmp, fmt, dtype=cast, add_bias=fmt == "hf" and bias is None, files_list=False,
+                    optimizer="not exported (Hugging Face folders carry weights only)")
+    result.files[ckpt.MANIFEST] = "written"
+    if cast is not None:
+        result.notes.append(f"weights cast to {_dtype_name(cast)}")
+    return result
+
+
+def _reprefix(key: str, config, prefix: str) -> str:
+    """Token-classification backbone prefix -> the AutoModel's (the same for most models)."""
+    from transformers import AutoModelForTokenClassification
+
+    src_prefix = AutoModelForTokenClassification._model_mapping[type(config)].base_model_prefix
+    if key.startswith(f"{src_prefix}.") and src_prefix != prefix:
+        return f"{prefix}.{key[len(src_prefix) + 1:]}"
+    return key
+
+
+def _bias_note(fmt: str, bias: float | None, target_std: float | None) -> str:
+    """How the head's bias is handled, and how large it is (said in the output, always)."""
+    if bias is None:
+        if fmt in ("nemo-rl", "hf"):
+            return ("the critic was trained without a head bias (model.head_bias=false); added score.bias = 0 "
+                    "because NeMo-RL/verl's AutoModelForTokenClassification has one: values unchanged")
+        return "none (trained with model.head_bias=false): exported losslessly"
+    size = f"{bias:+.4g}" + (f" ({abs(bias) / target_std:.2f} target std)" if target_std else "")
+    if fmt in ("nemo-rl", "hf"):
+        return f"score.bias = {size}, kept as score.bias (the {fmt} class has a biased head)"
+    if bias == 0:
+        return "score.bias = 0: dropped, nothing lost"
+    lossless = "for a lossless export, train with model.head_bias=false"
+    if fmt == "openrlhf":
+        return (f"score.bias = {size}: OpenRLHF's head is a bias-free Linear, so the bias is folded into config.json "
+                f"as mean = {-bias:.6g}, std = 1, which OpenRLHF applies as (value - mean) / std only with reward "
+                "normalization on (--normalize_reward / --reward.normalize_enable). That flag also normalizes the "
+                "reward model's score with the reward model's own config mean/std: harmless when its config.json has "
+                "none (or rewards come from --remote_rm_url / a reward function), otherwise it rescales rewards. "
+                f"Without the flag every OpenRLHF value is {abs(bias):.4g} {'lower' if bias > 0 else 'higher'} than "
+                f"ours; {lossless}")
+    return (f"score.bias = {size}: TRL's value head (AutoModelForSequenceClassification.score) has no bias, so it is "
+            f"dropped and every TRL value is {abs(bias):.4g} {'lower' if bias > 0 else 'higher'} than ours; restore it "
+            f"exactly with the snippet below (kept in config.json as critic_pretrain_head_bias), or {lossless}")
+
+
+def _trl_bias_snippet() -> list[str]:
+    return ["# exact: TRL's PPOTrainer only calls value_model.score(hidden), so a biased head restores our values",
+            "import torch",
+            "head = torch.nn.Linear(value_model.config.hidden_size, 1, bias=True, dtype=value_model.score.weight.dtype)",
+            "head.weight.data.copy_(value_model.score.weight.data)",
+            "head.bias.data.fill_(value_model.config.critic_pretrain_head_bias)",
+            "value_model.score = head"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+
+def _load_state(files: list[Path]) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def _prepare_state(state: dict[str, torch.Tensor], cast, *, add_bias: bool) -> dict[str, torch.Tensor]:
+    if cast is not None:
+        state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
+    if add_bias and f"{HEAD}.bias" not in state:
+        state[f"{HEAD}.bias"] = torch.zeros(1, dtype=state[f"{HEAD}.weight"].dtype)
+    return state
+
+
+def _save(state: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path), metadata={"format": "pt"})
+
+
+def _place(src: Path, dst: Path, link: bool) -> str:
+    """Hard-link (the checkpoint's files are never modified in place) or copy."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if link:
+        try:
+            os.link(src, dst)
+            return "linked"
+        except OSError:  # another filesystem, or links not supported
+            pass
+    shutil.copy2(src, dst)
+    return "copied"
+
+
+def _add_tokenizer(src_dir: Path, spec: str | None, dst_dir: Path, result: ExportResult, link: bool) -> None:
+    if spec:
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(spec)
+        except (OSError, ValueError) as e:
+            raise UserError(f"--tokenizer {spec}: cannot load it ({str(e).splitlines()[0][:200]}); "
+                            "pass a tokenizer folder") from None
+        before = set(dst_dir.glob("*")) if dst_dir.exists() else set()
+        tok.save_pretrained(str(dst_dir))
+        for f in sorted(set(dst_dir.glob("*")) - before):
+            result.files[_rel(f, result.out)] = "written"
+        result.notes.append(f"tokenizer: from {spec}")
+    elif src_dir.is_dir():
+        for f in sorted(src_dir.iterdir()):
+            if f.is_file():
+                result.files[_rel(dst_dir / f.name, result.out)] = _place(f, dst_dir / f.name, link)
+        result.notes.append("tokenizer: copied from the checkpoint")
+    else:
+        result.notes.append("tokenizer: none known (pass --tokenizer; NeMo-RL takes value.tokenizer.name, verl "
+                            "critic.model.tokenizer_path, TRL/OpenRLHF the policy's tokenizer)")
+
+
+def _write_manifest(src_root: Path, dst_root: Path, fmt: str, *, dtype, add_bias: bool, files_list: bool,
+                    optimizer: str) -> None:
+    """Our manifest, with where the export came from; a step tree gets a fresh file list
+    (so ``find_checkpoints``/``verify`` accept it), an HF folder none."""
+    manifest = json.loads((src_root / ckpt.MANIFEST).read_text()) if (src_root / ckpt.MANIFEST).is_file() else {}
+    manifest.pop("files", None)
+    manifest["exported"] = {"format": fmt, "from": str(src_root.resolve()),
+                            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dtype": _dtype_name(dtype) if dtype else None,
+                            "head_bias_added": add_bias, "optimizer": optimizer}
+    if files_list:
+        manifest["files"] = ckpt._files_manifest(dst_root)
+    ckpt._write_json(dst_root / ckpt.MANIFEST, manifest)
+
+
+def _rel(path: Path, root: Path) -> str:
+    return str(Path(path).relative_to(root))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="critic-pretrain export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step_dir", metavar="STEP_DIR", help="the step_<n> checkpoint to export")
+    p.add_argument("--format", required=True, choices=[*FORMATS, *ALIASES], help="the consumer (verl = hf)")
+    p.add_argument("--out", required=True, help="output folder (nemo-rl writes OUT/step_<n>)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="cast the weights")
+    p.add_argument("--tokenizer", help="tokenizer folder or hub id to include (default: the checkpoint's)")
+    p.add_argument("--drop-optimizer", action="store_true", help="nemo-rl: leave out value/optimizer")
+    p.add_argument("--scheduler", choices=SCHEDULERS, default="lambda",
+                   help="nemo-rl: scheduler state for an older NeMo-RL that loads it: lambda (no value.scheduler) or "
+                        "sequential (value.scheduler = ConstantLR + milestones: [], the PPO example)")
+    p.add_argument("--lr", type=float, help="nemo-rl: learning rate the optimizer state carries (an older NeMo-RL "
+                                            "continues from it); default: the run's peak lr when rewriting")
+    p.add_argument("--total-iters", type=int, default=CONSTANT_TOTAL_ITERS,
+                   help="nemo-rl, --scheduler sequential: ConstantLR total_iters of the PPO config")
+    p.add_argument("--copy", action="store_true", help="nemo-rl: copy files instead of hard-linking them")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing export")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result = export(args.step_dir, args.format, args.out, dtype=args.dtype, drop_optimizer=args.drop_optimizer,
+                    tokenizer=args.tokenizer, scheduler=args.scheduler, lr=args.lr, total_iters=args.total_iters,
+                    link=not args.copy, overwrite=args.overwrite)
+    print(result.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

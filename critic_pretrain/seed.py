@@ -1,0 +1,960 @@
+"""Check a critic seed before a PPO run loads it: ``critic-pretrain seed check PATH``.
+
+A seed that a PPO framework half-loads wastes a whole PPO allocation before anyone notices.
+NeMo-RL's own check only asks that ``<path>/value/weights`` exists; its loader then ignores
+extra keys and loads NaN weights silently (DESIGN.md, contract 1). This module checks what
+the frameworks do not:
+
+- the path: empty, misspelt, a run folder instead of a ``step_<n>`` folder, an unfinished
+  ``tmp_step_*`` save;
+- the weights: readable, no stray ``*.distcp`` / ``*adapter*`` files (they switch NeMo-RL's
+  loader to another format), exactly the keys and shapes of the class the target builds
+  (``AutoModelForTokenClassification(config, num_labels=1)`` for NeMo-RL and verl), the
+  shapes of the PPO model (``--model-config``: hidden size, vocabulary, layers), all finite,
+  a ``[1, H]`` head with the bias the target expects;
+- ``training_info.json`` present and naming the folder's step;
+- the optimizer folder, when present: a readable DCP checkpoint of ``{optim, sched}``
+  covering every trainable parameter in one group with ``initial_lr``; the scheduler class;
+- our manifest: the reward transform, gamma and lambda the critic was trained with.
+
+``check_seed`` returns a :class:`SeedReport` (usable from notebooks); ``main`` is the CLI.
+Exported Hugging Face folders (``critic-pretrain export --format hf|openrlhf|trl``) are
+checked too when ``--for verl|openrlhf|trl`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import math
+import re
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import checkpoint as ckpt
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("nemo-rl", "verl", "openrlhf", "trl")
+# Targets whose critic class has a head bias (HF *ForTokenClassification); the others use a
+# bias-free Linear (OpenRLHF's value head, TRL's AutoModelForSequenceClassification.score).
+BIASED_TARGETS = ("nemo-rl", "verl")
+TMP_STEP_RE = re.compile(r"^tmp_step_(\d+)$")
+LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+HEAD = "score"
+# NeMo-RL's PPO example (examples/configs/ppo_math_1B.yaml, value.scheduler): ConstantLR
+# with this many iterations inside SequentialLR with no milestones.
+CONSTANT_TOTAL_ITERS = 10_000_000_000
+EXPORT_MANIFEST = ckpt.MANIFEST  # exported HF folders carry a copy of our manifest
+DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One failed check. ``area`` lets callers (export) decide which problems they repair."""
+
+    area: str  # path | weights | keys | head | bias | arch | finite | info | manifest | optimizer
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class SeedReport:
+    """The outcome of ``check_seed``: problems (each one line saying what to do), warnings,
+    and the facts found (step, parameters, head, dtype, targets, optimizer...)."""
+
+    path: Path
+    target: str
+    kind: str = "unknown"  # "step": a step_<n> tree; "hf": an exported Hugging Face folder
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def fail(self, area: str, message: str) -> None:
+        self.problems.append(Problem(area, message))
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "target": self.target, "kind": self.kind, "ok": self.ok,
+                "problems": [asdict(p) for p in self.problems], "warnings": list(self.warnings),
+                "facts": self.facts}
+
+    def summary(self) -> str:
+        """Human-readable report: the verdict, the facts, then what the target needs."""
+        f = self.facts
+        if not self.ok:
+            return f"FAILED  {self.path} is not a usable {self.target} critic seed ({len(self.problems)} problem(s))"
+        lines = [f"OK  {self.path} is a valid critic seed for {self.target}"]
+        arch = f.get("arch", {})
+        shape = ", ".join(f"{k} {v}" for k, v in (("hidden", arch.get("hidden_size")),
+                                                    ("layers", arch.get("num_layers")),
+                                                    ("vocab", arch.get("vocab_size"))) if v is not None)
+        lines.append(f"  step {f.get('step', '?')} · {f.get('parameters', 0):,} parameters · "
+                     f"{'/'.join(f.get('dtypes', [])) or '?'} · {arch.get('model_type', '?')}: {shape}")
+        lines.append(f"  head: {_describe_head(f.get('head', {}))}")
+        norm = f.get("normalization") or {}
+        if norm.get("mean") is not None:
+            lines.append(f"  config.json mean {norm['mean']:.6g}, std {norm['std']:g}: OpenRLHF applies "
+                         "(value - mean) / std only with --normalize_reward / --reward.normalize_enable")
+        lines.append(f"  trained on: {_describe_targets(f.get('targets'))}")
+        if f.get("training_info"):
+            info = f["training_info"]
+            val = ", ".join(f"{k} {v:.4g}" for k, v in info.items() if k.startswith("val:") and isinstance(v, float)
+                            and "tokens" not in k)
+            lines.append(f"  training: total_steps {info.get('total_steps')}" + (f", {val}" if val else ""))
+        opt = f.get("optimizer")
+        if self.kind == "step":
+            lines.append("  optimizer: " + (_describe_optimizer(opt) if opt else "none (the PPO run builds a fresh one)"))
+        lines.append(f"  {self.target} needs: {NEEDS[self.target]}")
+        return "\n".join(lines)
+
+
+NEEDS = {
+    "nemo-rl": "<step>/value/weights/model/*.safetensors with exactly the keys of "
+               "AutoModelForTokenClassification(config, num_labels=1) (score.weight [1, H], score.bias [1]); "
+               "optimizer state optional (ignored on a warm start since PR #4213; older versions load it)",
+    "verl": "a Hugging Face *ForTokenClassification folder (config.json num_labels 1, model.safetensors) "
+            "for critic.model.path: `critic-pretrain export STEP --format hf`",
+    "openrlhf": "an AutoModel backbone + a bias-free Linear named by config.value_head_prefix: "
+                "`critic-pretrain export STEP --format openrlhf`",
+    "trl": "an AutoModelForSequenceClassification folder (score without bias): "
+           "`critic-pretrain export STEP --format trl`",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: str | Path | None = None,
+               *, finite: bool = True) -> SeedReport:
+    """Check that ``path`` is a critic seed ``target`` loads correctly; never raises for a bad seed.
+
+    ``model_config``: the PPO run's model (a folder or its config.json) whose hidden size,
+    vocabulary and layers the weights must match. ``finite=False`` skips reading every
+    tensor (the NaN/Inf scan), for quick structural checks.
+    """
+    if target not in TARGETS:
+        raise UserError(f"unknown target {target!r}; use one of: {', '.join(TARGETS)}")
+    ppo_config = load_model_config(model_config) if model_config else None
+    report = SeedReport(path=Path(str(path)) if path not in (None, "") else Path('""'), target=target)
+    root = _resolve(report, path)
+    if root is None:
+        return report
+    report.path = root
+    if report.kind == "step":
+        _check_step(report, root, ppo_config, model_config, finite)
+    else:
+        _check_hf_folder(report, root, ppo_config, model_config, finite)
+    return report
+
+
+def load_model_config(spec: str | Path):
+    """The PPO model's HF config (``--model-config``: a model folder or a config.json), num_labels=1."""
+    from transformers import AutoConfig
+
+    p = Path(spec)
+    if not p.exists():
+        raise UserError(f"--model-config {spec}: no such file or folder; pass the PPO model's folder or its config.json")
+    try:
+        config = AutoConfig.from_pretrained(str(p))
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"--model-config {spec}: cannot read it as a Hugging Face config ({_first_line(e)}); "
+                        "pass the PPO model's folder or its config.json") from None
+    config.num_labels = 1
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# The path
+
+def _resolve(report: SeedReport, raw: str | Path | None) -> Path | None:
+    """Classify the path (step tree or exported HF folder); None after a path problem."""
+    text = "" if raw is None else str(raw)
+    if not text.strip():
+        report.fail("path", "the seed path is empty: pass the step_<n> folder of a critic-pretrain run, "
+                            "e.g. runs/critic/step_370 (NeMo-RL rejects an empty ppo.warm_start_value_checkpoint too)")
+        return None
+    p = Path(text).expanduser()
+    if not p.exists():
+        hint = _did_you_mean(p)
+        report.fail("path", f"{p} does not exist{f' ({hint})' if hint else ''}; pass an existing step_<n> folder")
+        return None
+    if not p.is_dir():
+        report.fail("path", f"{p} is a file, not a folder; pass the step_<n> folder that contains value/weights")
+        return None
+    m = TMP_STEP_RE.match(p.name)
+    if m:
+        newest = _newest_step(p.parent)
+        hint = f"use the newest complete checkpoint {newest}" if newest else "no complete step_<n> exists beside it yet"
+        report.fail("path", f"{p} is an unfinished save (tmp_step_{m.group(1)}: the run crashed or is still writing it); "
+                            f"{hint}, or wait for the save to finish")
+        return None
+    if (p / "value").is_dir():
+        report.kind = "step"
+        return p
+    if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
+        report.kind = "hf"
+        return p
+    steps = sorted((d for d in p.iterdir() if d.is_dir() and ckpt.step_number(d) is not None), key=ckpt.step_number)
+    if steps:
+        newest = _newest_step(p)
+        if newest:
+            report.fail("path", f"{p} is a run folder, not a checkpoint; pass one of its step_<n> folders, "
+                                f"e.g. the newest complete one: {newest}")
+        else:
+            report.fail("path", f"{p} is a run folder whose step_<n> folders are all incomplete "
+                                f"({', '.join(d.name for d in steps[-3:])}); let the run save a checkpoint first")
+        return None
+    report.fail("path", f"{p} has no value/weights: it is not a critic seed; pass a step_<n> folder written by "
+                        "critic-pretrain train or critic-pretrain export --format nemo-rl")
+    return None
+
+
+def _newest_step(run_dir: Path) -> Path | None:
+    if not run_dir.is_dir():
+        return None
+    logging.disable(logging.WARNING)  # find_checkpoints logs every broken folder; the message names them
+    try:
+        found = ckpt.find_checkpoints(run_dir)
+    finally:
+        logging.disable(logging.NOTSET)
+    return found[max(found)] if found else None
+
+
+def _did_you_mean(p: Path) -> str:
+    """'did you mean X?' for a misspelt component, or which ancestor exists ('' if none)."""
+    parts = p.parts
+    for i in range(len(parts) - 1, 0, -1):
+        parent = Path(*parts[:i])
+        if parent.is_dir():
+            missing = parts[i]
+            names = sorted(d.name for d in parent.iterdir() if d.is_dir())
+            close = difflib.get_close_matches(missing, names, n=1, cutoff=0.6)
+            if close:
+                return f"did you mean {Path(parent, close[0], *parts[i + 1:])}?"
+            return f"{parent} exists but has no {missing!r}"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# A step_<n> tree
+
+def _check_step(report: SeedReport, root: Path, ppo_config, ppo_config_path, finite: bool) -> None:
+    p = ckpt.StepPaths(root)
+    report.facts["step"] = ckpt.step_number(root)
+    if not (root / "value" / "weights").is_dir():
+        report.fail("weights", f"{root} has no value/weights: NeMo-RL refuses it; pass a complete step_<n> "
+                               "folder or re-export one with critic-pretrain export --format nemo-rl")
+        return
+    files = sorted(p.weights_dir.glob("*.safetensors")) if p.weights_dir.is_dir() else []
+    _check_strays(report, root / "value" / "weights")
+    manifest = _check_manifest(report, root)
+    _check_training_info(report, root)
+    if not files:
+        report.fail("weights", f"no weights: {p.weights_dir} has no *.safetensors file (the save did not finish or "
+                               "the copy is incomplete); copy the whole step_<n> folder again or use another step")
+        return
+    shapes = _read_shapes(report, files)
+    if shapes is None:
+        return
+    seed_config = _read_config(report, p.hf_config)
+    config = ppo_config if ppo_config is not None else seed_config
+    source = f"--model-config {ppo_config_path}" if ppo_config is not None else "the seed's .hf_metadata/config.json"
+    has_bias = f"{HEAD}.bias" in shapes
+    want_bias = True if report.target in BIASED_TARGETS else has_bias
+    expected = None
+    if config is not None:
+        expected, _ = expected_layout(config, "token", bias=want_bias)
+    _check_head(report, shapes, want_bias, bias_area="bias" if report.target in BIASED_TARGETS else "head")
+    _check_layout(report, shapes, expected, config, source)
+    _facts(report, shapes, config, manifest)
+    report.facts["head"]["bias"] = _read_scalar(files, f"{HEAD}.bias") if has_bias else None
+    if finite:
+        _check_finite(report, files, root)
+    # The optimizer must match the weights as they are (a missing bias or another backbone is
+    # reported above): its parameters are the seed's own, by its own config.
+    own = seed_config if seed_config is not None else config
+    own_params = expected_layout(own, "token", bias=has_bias)[1] if own is not None else _float_keys(shapes)
+    _check_optimizer(report, p, own_params, {k: s for k, (s, _) in shapes.items()})
+    report.facts["tokenizer"] = p.tokenizer_dir.is_dir()
+
+
+def _check_strays(report: SeedReport, weights_root: Path) -> None:
+    """Files that switch NeMo-RL's loader to another format (DESIGN.md, contract 1)."""
+    distcp = sorted(weights_root.rglob("*.distcp"))
+    if distcp:
+        report.fail("weights", f"stray DCP file {distcp[0].relative_to(weights_root.parent.parent)} in value/weights: "
+                               "NeMo-RL then reads the folder as a torch_dist checkpoint and fails; delete "
+                               "the *.distcp files there")
+    adapters = sorted(f for f in weights_root.rglob("*") if f.is_file() and "adapter" in f.name.lower())
+    if adapters:
+        report.fail("weights", f"{adapters[0].relative_to(weights_root.parent.parent)}: a file named '*adapter*' in "
+                               "value/weights makes NeMo-RL load the seed as a PEFT adapter; rename or remove it")
+
+
+def _check_manifest(report: SeedReport, root: Path) -> dict | None:
+    manifest = _read_json(root / ckpt.MANIFEST)
+    if manifest is None:
+        report.warn(f"no {ckpt.MANIFEST}: the reward transform, gamma and lambda this critic was trained with are "
+                    "unknown; make sure the PPO run uses the reward scale it was trained on")
+        return None
+    problem = ckpt.verify(root)
+    if problem:
+        report.fail("manifest", f"{problem}: the folder is incomplete or was changed after it was saved; "
+                                "copy it again from the run (or re-export it)")
+    if manifest.get("format_version", 1) > ckpt.FORMAT_VERSION:
+        report.warn(f"{ckpt.MANIFEST} has format_version {manifest['format_version']}, newer than this "
+                    f"critic-pretrain reads ({ckpt.FORMAT_VERSION}); upgrade critic-pretrain")
+    report.facts["targets"] = manifest.get("targets")
+    report.facts["model_name_or_path"] = (manifest.get("model") or {}).get("name_or_path")
+    report.facts["target_std"] = _target_std(manifest)
+    report.facts["exported"] = manifest.get("exported")
+    return manifest
+
+
+def _check_training_info(report: SeedReport, root: Path) -> None:
+    path = ckpt.StepPaths(root).training_info
+    if not path.is_file():
+        report.fail("info", f"no training_info.json in {root}: NeMo-RL's checkpoint layout needs it; "
+                            "copy the whole step_<n> folder or re-export it with critic-pretrain export --format nemo-rl")
+        return
+    info = _read_json(path)
+    if info is None:
+        report.fail("info", f"{path} is not valid JSON; copy it again from the run")
+        return
+    report.facts["training_info"] = info
+    step = ckpt.step_number(root)
+    if step is None:
+        report.warn(f"{root.name} is not named step_<n>: the step in training_info.json "
+                    f"({info.get('total_steps')}) cannot be checked against it")
+    elif info.get("total_steps") != step:
+        report.fail("info", f"training_info.json says total_steps={info.get('total_steps')} but the folder is "
+                            f"step_{step}: it was renamed or mixed with another step's files; use the folder "
+                            f"named after its step, or re-export it")
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+def _read_shapes(report: SeedReport, files: list[Path]) -> dict[str, tuple[tuple[int, ...], str]] | None:
+    """key -> (shape, dtype) over every file, from the headers only (cheap)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {}
+    ok = True
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for k in fh.keys():
+                    if k in shapes:
+                        report.fail("weights", f"{k} is in two weight files ({f.name} and another): the folder "
+                                               "mixes two saves; keep one set of files")
+                    sl = fh.get_slice(k)
+                    shapes[k] = (tuple(sl.get_shape()), str(sl.get_dtype()))
+        except Exception as e:  # safetensors raises its own error types for a bad header
+            report.fail("weights", f"cannot read {f} ({_first_line(e)}): the file is truncated or not safetensors; "
+                                   "copy it again or use another step")
+            ok = False
+    return shapes if ok else None
+
+
+def _read_config(report: SeedReport, path: Path):
+    from transformers import AutoConfig
+
+    if not path.is_file():
+        report.warn(f"no {path}: key names and shapes cannot be checked without a model config; "
+                    "pass --model-config")
+        return None
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent))
+    except (OSError, ValueError, KeyError) as e:
+        report.fail("keys", f"cannot read the seed's model config {path} ({_first_line(e)}); copy it again from the run")
+        return None
+    config.num_labels = 1
+    return config
+
+
+def expected_layout(config, layout: str, *, bias: bool, head: str = HEAD,
+                    ) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """Key -> shape and trainable parameter names of the class a consumer builds.
+
+    ``layout``: ``token`` (AutoModelForTokenClassification: NeMo-RL, verl), ``sequence``
+    (AutoModelForSequenceClassification: TRL), ``openrlhf`` (AutoModel backbone under its
+    ``base_model_prefix`` + a bias-free Linear named ``head``). Built on the meta device:
+    no memory, no weights read.
+    """
+    import copy
+
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    config = copy.deepcopy(config)
+    config.num_labels = 1
+    config.token_classification_bias = bias
+    with torch.device("meta"):
+        if layout == "token":
+            model = AutoModelForTokenClassification.from_config(config)
+        elif layout == "sequence":
+            model = AutoModelForSequenceClassification.from_config(config)
+        else:
+            model = AutoModel.from_config(config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    params = [n for n, p in model.named_parameters() if p.requires_grad]
+    if layout == "openrlhf":
+        prefix = model.base_model_prefix
+        shapes = {f"{prefix}.{k}": v for k, v in shapes.items()}
+        params = [f"{prefix}.{n}" for n in params]
+        hidden = config.get_text_config().hidden_size
+        shapes[f"{head}.weight"] = (1, hidden)
+        params.append(f"{head}.weight")
+    elif layout == "token" and bias and f"{HEAD}.bias" not in shapes:
+        # transformers < 5 ignores token_classification_bias and always adds the bias anyway
+        shapes[f"{HEAD}.bias"] = (1,)
+    return shapes, params
+
+
+def _check_head(report: SeedReport, shapes: dict, want_bias: bool, *, bias_area: str, head: str = HEAD) -> None:
+    w = shapes.get(f"{head}.weight")
+    if w is None:
+        report.fail("head", f"no value head ({head}.weight) in the weights: this is a backbone or language-model "
+                            "checkpoint, not a value model; train a critic with critic-pretrain train")
+        return
+    if len(w[0]) != 2 or w[0][0] != 1:
+        report.fail("head", f"value head {head}.weight has shape {list(w[0])}, expected [1, hidden]: a value head has "
+                            "one output (this looks like a classifier with several labels); train a critic with "
+                            "critic-pretrain train")
+    b = shapes.get(f"{head}.bias")
+    if b is not None and b[0] != (1,):
+        report.fail("head", f"value head {head}.bias has shape {list(b[0])}, expected [1]; train a critic with "
+                            "critic-pretrain train")
+    if want_bias and b is None:
+        report.fail(bias_area, f"the value head has no bias (trained with model.head_bias=false) but {report.target} "
+                               "builds AutoModelForTokenClassification(num_labels=1) with score.bias [1] and loads "
+                               "strictly; export it with critic-pretrain export --format "
+                               f"{'nemo-rl' if report.target == 'nemo-rl' else 'hf'} (adds a zero bias, values unchanged)")
+    if not want_bias and b is not None and report.kind == "hf":
+        report.fail("head", f"{head}.bias is in the weights but {report.target}'s value head is a bias-free Linear: "
+                            "transformers drops it without an error and every value shifts by the bias; export with "
+                            f"critic-pretrain export --format {report.target}")
+
+
+def _check_layout(report: SeedReport, shapes: dict, expected: dict | None, config, source: str) -> None:
+    """Architecture first (hidden, vocabulary, layers: one clear line each), then exact keys."""
+    if expected is None:
+        return
+    text = config.get_text_config()
+    arch_ok = True
+    w = shapes.get(f"{HEAD}.weight") or shapes.get(_head_name(report) + ".weight")
+    hidden = getattr(text, "hidden_size", None)
+    if w and len(w[0]) == 2 and hidden is not None and w[0][1] != hidden:
+        arch_ok = False
+        report.fail("arch", f"hidden size {w[0][1]} in the seed (value head [1, {w[0][1]}]) but {source} has "
+                            f"hidden_size={hidden}: the critic was trained on another backbone; point the PPO value "
+                            "model (value.model_name) at the seed's backbone or retrain the critic on the PPO model")
+    vocab = getattr(text, "vocab_size", None)
+    emb = [k for k, v in expected.items() if len(v) == 2 and vocab is not None and v[0] == vocab and "embed" in k]
+    if emb and emb[0] in shapes and shapes[emb[0]][0][0] != vocab:
+        arch_ok = False
+        report.fail("arch", f"vocabulary of {shapes[emb[0]][0][0]} tokens in the seed ({emb[0]}) but {source} has "
+                            f"vocab_size={vocab}: the critic uses another tokenizer than the PPO model; train it "
+                            "with the PPO model's tokenizer")
+    layers = getattr(text, "num_hidden_layers", None)
+    seed_layers = _num_layers(shapes)
+    if layers is not None and seed_layers and seed_layers != layers:
+        arch_ok = False
+        report.fail("arch", f"{seed_layers} layers in the seed but {source} has num_hidden_layers={layers}: the "
+                            "critic was trained on another backbone; use the seed's backbone as the PPO value model "
+                            "or retrain the critic")
+    if not arch_ok:
+        return  # every tensor would differ: the lines above say why
+    head_keys = {k for k in set(shapes) | set(expected) if k.split(".")[0] in (HEAD, _head_name(report))}
+    missing = sorted(set(expected) - set(shapes) - head_keys)
+    extra = sorted(set(shapes) - set(expected) - head_keys)
+    wrong = sorted(k for k in set(shapes) & set(expected) if k not in head_keys and shapes[k][0] != expected[k])
+    if missing:
+        report.fail("keys", f"{len(missing)} tensor(s) missing (e.g. {missing[0]}): the strict load fails; the "
+                            f"weights are incomplete or belong to another model than {source} describes")
+    if extra:
+        report.fail("keys", f"{len(extra)} unexpected tensor(s) (e.g. {extra[0]}): NeMo-RL and transformers ignore "
+                            "extra keys silently, so these weights would not be used; check that the seed belongs to "
+                            "this model, or re-export it with critic-pretrain export")
+    if wrong:
+        k = wrong[0]
+        report.fail("keys", f"{len(wrong)} tensor(s) have other shapes than {source} expects (e.g. {k} "
+                            f"{list(shapes[k][0])} vs {list(expected[k])}): the seed was trained on another "
+                            "backbone; use that backbone's config or retrain")
+
+
+def _head_name(report: SeedReport) -> str:
+    return report.facts.get("value_head_prefix") or HEAD
+
+
+def _num_layers(shapes: dict) -> int:
+    idx = {int(m.group(1)) for k in shapes for m in [LAYER_RE.search(k)] if m}
+    return max(idx) + 1 if idx else 0
+
+
+def _float_keys(shapes: dict) -> list[str]:
+    return [k for k, (_, dt) in shapes.items() if dt.startswith(("F", "BF"))]
+
+
+def _facts(report: SeedReport, shapes: dict, config, manifest: dict | None) -> None:
+    head = _head_name(report)
+    w = shapes.get(f"{head}.weight")
+    text = config.get_text_config() if config is not None else None
+    report.facts.update({
+        "parameters": sum(math.prod(s) for s, _ in shapes.values()),
+        "tensors": len(shapes),
+        "dtypes": sorted({DTYPE_NAMES.get(dt, dt) for _, dt in shapes.values()}),
+        "arch": {"model_type": getattr(config, "model_type", None),
+                 "hidden_size": w[0][1] if w and len(w[0]) == 2 else getattr(text, "hidden_size", None),
+                 "num_layers": _num_layers(shapes) or getattr(text, "num_hidden_layers", None),
+                 "vocab_size": getattr(text, "vocab_size", None)},
+        "head": {"name": head, "weight_shape": list(w[0]) if w else None},
+    })
+    if manifest is not None:
+        report.facts.setdefault("targets", manifest.get("targets"))
+
+
+def _read_scalar(files: list[Path], key: str) -> float | None:
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            if key in fh.keys():
+                return float(fh.get_tensor(key).float().reshape(-1)[0])
+    return None
+
+
+def _check_finite(report: SeedReport, files: list[Path], root: Path) -> None:
+    """Read every tensor once (one at a time: memory stays at the largest tensor)."""
+    import torch
+    from safetensors import safe_open
+
+    bad: list[tuple[str, int, int]] = []
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                t = fh.get_tensor(k)
+                if t.is_floating_point():
+                    n = int((~torch.isfinite(t)).sum())
+                    if n:
+                        bad.append((k, n, t.numel()))
+    if bad:
+        k, n, total = bad[0]
+        earlier = _earlier_step(root)
+        hint = f", e.g. {earlier}" if earlier else ""
+        report.fail("finite", f"{len(bad)} tensor(s) hold NaN/Inf (e.g. {k}: {n} of {total} values): NeMo-RL loads "
+                              f"them silently and the first PPO step produces NaN; use an earlier checkpoint{hint} "
+                              "and lower the learning rate")
+
+
+def _earlier_step(root: Path) -> Path | None:
+    n = ckpt.step_number(root)
+    if n is None:
+        return None
+    logging.disable(logging.WARNING)
+    try:
+        found = ckpt.find_checkpoints(root.parent)
+    finally:
+        logging.disable(logging.NOTSET)
+    earlier = [s for s in found if s < n]
+    return found[max(earlier)] if earlier else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer
+
+def read_dcp(path: Path, *, tensors: bool) -> dict:
+    """Load a torch.distributed.checkpoint folder without knowing its structure.
+
+    Builds the nested state dict from the checkpoint's own metadata (``planner_data`` holds
+    each entry's path) and loads into it with the public ``dcp.load``. ``tensors=False``
+    reads only the non-tensor entries (param groups, scheduler): cheap for any model size.
+    """
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    md = FileSystemReader(str(path)).read_metadata()
+    state: dict = {}
+    for key, meta in md.state_dict_metadata.items():
+        where = (md.planner_data or {}).get(key, (key,))
+        if isinstance(meta, BytesStorageMetadata):
+            _put(state, where, None)
+        elif tensors and isinstance(meta, TensorStorageMetadata):
+            _put(state, where, torch.empty(meta.size, dtype=meta.properties.dtype))
+    with warnings.catch_warnings():  # "torch.distributed is disabled...": single-process is the intent
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
+    return state
+
+
+def _put(root: dict, path: tuple, value) -> None:
+    """Set ``root[path[0]][path[1]]... = value``, creating dicts (or lists for int keys)."""
+    node: Any = root
+    for key, nxt in zip(path, path[1:]):
+        child = [] if isinstance(nxt, int) else {}
+        if isinstance(node, list):
+            node.extend([None] * (key + 1 - len(node)))
+            node[key] = node[key] if node[key] is not None else child
+            node = node[key]
+        else:
+            node = node.setdefault(key, child)
+    if isinstance(node, list):
+        node.extend([None] * (path[-1] + 1 - len(node)))
+    node[path[-1]] = value
+
+
+def scheduler_class(sched: dict) -> str:
+    """Name the LR scheduler class a state dict came from (its keys are class-specific)."""
+    if "_schedulers" in sched:
+        inner = "+".join(scheduler_class(s) for s in sched["_schedulers"] if isinstance(s, dict))
+        return f"SequentialLR[{inner}]" if inner else "SequentialLR"
+    if "lr_lambdas" in sched:
+        return "LambdaLR"
+    if {"factor", "total_iters"} <= sched.keys():
+        return "ConstantLR"
+    return "unknown"
+
+
+def _check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
+                     param_shapes: dict[str, tuple]) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    opt_root = p.optim_dir.parent
+    report.facts["optimizer"] = None
+    if not opt_root.exists():
+        return
+    drop = "drop it (critic-pretrain export STEP --format nemo-rl --drop-optimizer: NeMo-RL since PR #4213 " \
+           "rebuilds it on a warm start anyway)"
+    if not p.optim_dir.is_dir():
+        report.fail("optimizer", f"value/optimizer exists but has no optim/ checkpoint: NeMo-RL before PR #4213 "
+                                 f"tries to load it and fails; {drop}")
+        return
+    try:
+        md = FileSystemReader(str(p.optim_dir)).read_metadata()
+        state = read_dcp(p.optim_dir, tensors=False)
+    except Exception as e:  # DCP raises assorted errors for a broken folder
+        report.fail("optimizer", f"value/optimizer/optim is not a readable torch.distributed.checkpoint "
+                                 f"({_first_line(e)}); {drop}")
+        return
+    if not {"optim", "sched"} <= state.keys():
+        report.fail("optimizer", f"value/optimizer/optim holds {sorted(state)} instead of {{optim, sched}}: "
+                                 f"NeMo-RL cannot load it; {drop}")
+        return
+    moments: dict[str, dict[str, tuple]] = {}
+    for key, where in (md.planner_data or {}).items():
+        if len(where) == 2 and where[0] == "optim" and where[1].startswith("state."):
+            fqn, fieldname = where[1][len("state."):].rsplit(".", 1)
+            moments.setdefault(fqn, {})[fieldname] = tuple(md.state_dict_metadata[key].size)
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in state["optim"].items():
+        if key.startswith("param_groups."):
+            fqn, hyper = key[len("param_groups."):].rsplit(".", 1)
+            groups.setdefault(fqn, {})[hyper] = value
+    covered = {f for f, m in moments.items() if {"exp_avg", "exp_avg_sq"} <= m.keys()}
+    missing = [n for n in params if n not in covered]
+    extra = sorted(covered - set(params))
+    distinct = {tuple(sorted((k, repr(v)) for k, v in g.items())) for g in groups.values()}
+    differing = sorted({k for g in groups.values() for k, v in g.items()
+                        if len({repr(h.get(k)) for h in groups.values()}) > 1})
+    no_initial = [f for f, g in groups.items() if "initial_lr" not in g]
+    sched_cls = scheduler_class(state["sched"])
+    lrs = sorted({g.get("lr") for g in groups.values() if isinstance(g.get("lr"), float)})
+    sched = state["sched"]
+    base = sched.get("base_lrs") or next((s.get("base_lrs") for s in sched.get("_schedulers", [])
+                                          if isinstance(s, dict)), None)
+    report.facts["optimizer"] = {"kind": "AdamW" if covered else "unknown", "parameters": len(covered),
+                                 "base_lr": base[0] if base else None,
+                                 "param_groups": len(distinct), "initial_lr": not no_initial,
+                                 "lr": lrs[0] if len(lrs) == 1 else lrs, "scheduler": sched_cls,
+                                 "last_epoch": state["sched"].get("last_epoch")}
+    if missing:
+        report.fail("optimizer", f"the optimizer state lacks {len(missing)} trainable parameter(s) "
+                                 f"(e.g. {missing[0]}): NeMo-RL before PR #4213 fails to load it; {drop}")
+    if extra:
+        report.fail("optimizer", f"the optimizer state has {len(extra)} parameter(s) the model lacks "
+                                 f"(e.g. {extra[0]}): it belongs to another model; {drop}")
+    wrong = [f for f in sorted(covered & set(params))
+             if f in param_shapes and moments[f]["exp_avg"] != tuple(param_shapes[f])]
+    if wrong:
+        report.fail("optimizer", f"the optimizer state of {wrong[0]} has shape {list(moments[wrong[0]]['exp_avg'])} "
+                                 f"but the parameter is {list(param_shapes[wrong[0]])}: it belongs to another model; "
+                                 f"{drop}")
+    if len(distinct) > 1:
+        report.fail("optimizer", f"the optimizer state has {len(distinct)} parameter groups (they differ in "
+                                 f"{', '.join(differing)}): NeMo-RL builds one AdamW group, loads this with the wrong "
+                                 f"hyperparameters and its scheduler crashes on the first step; {drop}")
+    if no_initial:
+        report.fail("optimizer", f"no initial_lr in the optimizer state (saved without an LR scheduler): NeMo-RL's "
+                                 f"scheduler cannot resume from it; {drop}")
+    if report.target == "nemo-rl":
+        report.warn(f"the optimizer state carries lr {report.facts['optimizer']['lr']} (scheduler base lr "
+                    f"{report.facts['optimizer']['base_lr']}): an older NeMo-RL that loads it continues from these, "
+                    "not from value.optimizer.kwargs.lr; re-export with --lr LR to set it, or --drop-optimizer")
+    if report.target == "nemo-rl" and sched_cls == "LambdaLR":
+        report.warn("the optimizer's scheduler state is LambdaLR: NeMo-RL since PR #4213 ignores it; an older NeMo-RL "
+                    "loads it only when value.scheduler is unset. With value.scheduler set (the PPO example: "
+                    "ConstantLR + milestones: []) re-export with --scheduler sequential, or --drop-optimizer")
+
+
+# ---------------------------------------------------------------------------------------------
+# An exported Hugging Face folder (verl, OpenRLHF, TRL)
+
+def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path, finite: bool) -> None:
+    from transformers import AutoConfig
+
+    if report.target == "nemo-rl":
+        report.fail("path", f"{root} is a Hugging Face folder, not a step_<n> seed: NeMo-RL's warm start needs "
+                            "<step>/value/weights; export one with critic-pretrain export STEP --format nemo-rl")
+        return
+    cfg_json = _read_json(root / "config.json") or {}
+    try:
+        config = AutoConfig.from_pretrained(str(root))
+    except (OSError, ValueError, KeyError) as e:
+        report.fail("keys", f"cannot read {root / 'config.json'} ({_first_line(e)}); re-export the folder")
+        return
+    if cfg_json.get("num_labels", len(cfg_json.get("id2label", {})) or 2) != 1:
+        report.fail("head", f"config.json does not say num_labels: 1 (readers default to 2 labels and build the wrong "
+                            "head); re-export with critic-pretrain export")
+    if report.target == "verl" and cfg_json.get("classifier_dropout") not in (0, 0.0):
+        report.warn("config.json has no classifier_dropout: 0.0 (verl sets it itself; other readers put dropout 0.1 "
+                    "in front of the head)")
+    layout, head = {"verl": ("token", HEAD), "trl": ("sequence", HEAD),
+                    "openrlhf": ("openrlhf", cfg_json.get("value_head_prefix", HEAD))}[report.target]
+    if report.target == "openrlhf":
+        report.facts["value_head_prefix"] = head
+        if "value_head_prefix" not in cfg_json:
+            report.warn("config.json has no value_head_prefix: OpenRLHF then uses its --value_head_prefix flag "
+                        "(default 'score' in recent versions, 'value_head' in old ones); re-export to pin it")
+        report.facts["normalization"] = {"mean": cfg_json.get("mean"), "std": cfg_json.get("std")}
+    files = sorted(root.glob("*.safetensors"))
+    shapes = _read_shapes(report, files)
+    if shapes is None:
+        return
+    want_bias = report.target in BIASED_TARGETS
+    config = ppo_config if ppo_config is not None else config
+    source = f"--model-config {ppo_config_path}" if ppo_config is not None else f"{root / 'config.json'}"
+    expected, _ = expected_layout(config, layout, bias=want_bias, head=head)
+    _check_head(report, shapes, want_bias, bias_area="bias", head=head)
+    _check_layout(report, shapes, expected, config, source)
+    manifest = _read_json(root / EXPORT_MANIFEST)
+    if manifest:
+        report.facts["step"] = manifest.get("step")
+        report.facts["targets"] = manifest.get("targets")
+        report.facts["exported"] = manifest.get("exported")
+        report.facts["target_std"] = _target_std(manifest)
+    _facts(report, shapes, config, manifest)
+    report.facts["head"]["bias"] = _read_scalar(files, f"{head}.bias") if f"{head}.bias" in shapes else None
+    report.facts["head"]["dropped_bias"] = cfg_json.get("critic_pretrain_head_bias")
+    if finite:
+        _check_finite(report, files, root)
+    report.facts["tokenizer"] = any((root / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Descriptions and the lines to paste
+
+def _describe_head(head: dict) -> str:
+    name, w = head.get("name", HEAD), head.get("weight_shape")
+    bias = head.get("bias")
+    text = f"{name}.weight {w}"
+    if bias is not None:
+        text += f" + {name}.bias [1] = {bias:+.4g}"
+    else:
+        text += " (no bias)"
+    if head.get("dropped_bias") is not None:
+        text += f"; bias {head['dropped_bias']:+.4g} dropped at export"
+    return text
+
+
+def _describe_targets(targets: dict | None) -> str:
+    if not targets:
+        return "unknown (no critic_pretrain.json)"
+    return (f"rewards {reward_formula(targets)}, gamma {targets.get('gamma', 1.0):g}, critic lambda "
+            f"{targets.get('lam', 1.0):g}" + (" (Monte-Carlo returns)" if targets.get("lam", 1.0) == 1.0 else "")
+            + "; value[t] = head(hidden[t-1]), 0 at each sequence start")
+
+
+def _describe_optimizer(opt: dict) -> str:
+    return (f"{opt['kind']} state over {opt['parameters']} tensors, {opt['param_groups']} group(s), "
+            f"lr {opt['lr']}, scheduler {opt['scheduler']} at step {opt['last_epoch']}")
+
+
+def reward_formula(targets: dict) -> str:
+    scale, shift, clip = targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")
+    if (scale, shift, clip) == (1.0, 0.0, None):
+        return "as given (no transform)"
+    text = f"r' = {scale:g}*r {'+' if shift >= 0 else '-'} {abs(shift):g}"
+    return text + (f", clipped to [{clip[0]:g}, {clip[1]:g}]" if clip else "")
+
+
+def _target_std(manifest: dict) -> float | None:
+    var = (((manifest.get("data") or {}).get("stats")) or {}).get("target_var")
+    return math.sqrt(var) if isinstance(var, (int, float)) and var > 0 else None
+
+
+def nemo_rl_reward_scaling(targets: dict | None) -> list[str]:
+    """``ppo.reward_scaling`` lines (NeMo-RL RewardScalingConfig: clamp to [source_min,
+    source_max], map linearly to [target_min, target_max]) matching our reward transform."""
+    if not targets:
+        return ["  # reward scale unknown (no critic_pretrain.json): set ppo.reward_scaling to the scale the",
+                "  # critic was trained on"]
+    scale, shift, clip = targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")
+    if (scale, shift, clip) == (1.0, 0.0, None):
+        return ["  reward_scaling:", "    enabled: false        # the critic was trained on the raw rewards"]
+    if clip:
+        lo, hi = sorted(((clip[0] - shift) / scale, (clip[1] - shift) / scale))
+        note = "exact: our transform clips the scaled reward to the same range"
+    else:
+        lo, hi = 0.0, 1.0
+        note = "NeMo-RL clamps raw rewards to [source_min, source_max]: set them to your raw reward range"
+    return ["  reward_scaling:         # the critic was trained on rewards " + reward_formula(targets),
+            "    enabled: true", f"    source_min: {lo:g}", f"    source_max: {hi:g}",
+            f"    target_min: {scale * lo + shift:g}", f"    target_max: {scale * hi + shift:g}", f"    # {note}"]
+
+
+def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | None = None,
+                 total_iters: int = CONSTANT_TOTAL_ITERS) -> list[str]:
+    """The config lines a user pastes into ``target`` to warm-start its critic from ``location``.
+
+    ``scheduler``: for NeMo-RL, the scheduler class of the seed's optimizer state (``lambda``,
+    ``sequential`` or None when it has none).
+    """
+    t = facts.get("targets") or {}
+    gamma, lam = t.get("gamma", 1.0), t.get("lam", 1.0)
+    loc = str(Path(location).resolve())
+    if target == "nemo-rl":
+        lines = ["# NeMo-RL PPO config: warm-start the critic from this seed",
+                 "ppo:", f"  warm_start_value_checkpoint: {loc}",
+                 "  policy_training_start_step: 0   # the critic is already warm: no critic-only steps",
+                 "  adv_estimator:", "    name: gae", f"    gae_gamma: {gamma:g}          # as the critic was trained",
+                 f"    gae_lambda_value: {lam:g}   # the critic's lambda (decoupled from the actor's gae_lambda)",
+                 *nemo_rl_reward_scaling(facts.get("targets")), "value:"]
+        name = facts.get("model_name_or_path")
+        arch = facts.get("arch") or {}
+        if name:
+            lines.append(f"  model_name: {name}   # the backbone the critic was trained from")
+        else:
+            lines.append(f"  # model_name: a model with this critic's architecture ({arch.get('model_type')}, hidden "
+                         f"{arch.get('hidden_size')}, {arch.get('num_layers')} layers, vocab {arch.get('vocab_size')})")
+        if scheduler == "sequential":
+            lines += ["  scheduler:   # must build the class the seed's scheduler state came from (NeMo-RL < PR #4213)",
+                      "  - name: torch.optim.lr_scheduler.ConstantLR",
+                      f"    kwargs: {{factor: 1.0, total_iters: {total_iters}}}", "  - milestones: []"]
+        elif scheduler == "lambda":
+            lines.append("  # no value.scheduler: the seed's scheduler state is LambdaLR (what NeMo-RL builds "
+                         "without one)")
+        return lines
+    if target == "verl":
+        return ["# verl PPO config (critic.model.path loads AutoModelForTokenClassification, num_labels=1)",
+                f"critic.model.path: {loc}",
+                "trainer.critic_warmup: 0          # the critic is already warm",
+                "algorithm.adv_estimator: gae", f"algorithm.gamma: {gamma:g}",
+                f"algorithm.lam: {lam:g}              # verl uses one lambda for actor and critic",
+                *_plain_reward_note(t, "verl has no reward-scaling option: make the reward function return it")]
+    if target == "openrlhf":
+        norm = (facts.get("normalization") or {}).get("mean") is not None
+        lines = ["# OpenRLHF PPO (train_ppo_ray): flat CLI (<= 0.8) / nested CLI (newer)",
+                 f"--critic_pretrain {loc}            # newer: --critic.model_name_or_path {loc}",
+                 "--value_head_prefix score           # newer: --ds.value_head_prefix score (config.json pins it too)",
+                 "--advantage_estimator gae           # newer: --algo.advantage.estimator gae",
+                 f"--gamma {gamma:g} --lambd {lam:g}           # newer: --algo.advantage.gamma {gamma:g} "
+                 f"--algo.advantage.lambd {lam:g}",
+                 "# leave --freezing_actor_steps / --critic.freezing_steps unset: the critic is already warm"]
+        if norm:
+            lines.append("--normalize_reward                  # newer: --reward.normalize_enable; applies the folded "
+                         "head bias (config.json mean/std), see the note above")
+        return lines + _plain_reward_note(t, "OpenRLHF has no linear reward transform: produce rewards on that scale")
+    return ["# TRL 1.12 PPO (trl.experimental.ppo)",
+            "from transformers import AutoModelForSequenceClassification",
+            "from trl.experimental.ppo import PPOConfig, PPOTrainer",
+            f"value_model = AutoModelForSequenceClassification.from_pretrained({loc!r}, num_labels=1)",
+            f"args = PPOConfig(..., gamma={gamma:g}, lam={lam:g})   # as the critic was trained",
+            "trainer = PPOTrainer(args=args, ..., value_model=value_model)",
+            *_plain_reward_note(t, "TRL has no reward transform: make the reward model's score that scale")]
+
+
+def _plain_reward_note(targets: dict, how: str) -> list[str]:
+    if not targets:
+        return ["# reward scale unknown (no critic_pretrain.json): use the scale the critic was trained on"]
+    if (targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")) == (1.0, 0.0, None):
+        return ["# the critic was trained on the raw rewards: no reward transform"]
+    return [f"# the critic was trained on rewards {reward_formula(targets)}; {how}"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="critic-pretrain seed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    check = sub.add_parser("check", help="check a seed before a PPO run loads it")
+    check.add_argument("path", help="the step_<n> folder (or, with --for verl|openrlhf|trl, an exported folder)")
+    check.add_argument("--for", dest="target", choices=TARGETS, default="nemo-rl",
+                       help="the framework that will load it (default: nemo-rl)")
+    check.add_argument("--model-config", help="the PPO model's folder or config.json: its hidden size, vocabulary "
+                                              "and layers must match the seed")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    report = check_seed(args.path, args.target, args.model_config)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+        return 0 if report.ok else 1
+    for problem in report.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not report.ok:
+        print(report.summary(), file=sys.stderr)
+        return 1
+    print(report.summary())
+    if report.kind == "step" and args.target != "nemo-rl":
+        print(f"\n# next: critic-pretrain export {report.path} --format "
+              f"{'hf' if args.target == 'verl' else args.target} --out <dir>, then check <dir> with --for {args.target}")
+        return 0
+    opt = report.facts.get("optimizer")
+    sched = None if not opt else ("sequential" if opt["scheduler"].startswith("SequentialLR") else "lambda")
+    print()
+    print("\n".join(config_lines(args.target, report.path, report.facts, scheduler=sched)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""``critic-pretrain seed check``: every failure is one line that says what to do, exit code 1.
+
+One tiny trained run per module (steps 2 and 4); each failure case breaks a copy of step_4.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import ROOT, tiny_overrides
+from critic_pretrain import checkpoint as ckpt
+from critic_pretrain.cli import main as cli_main
+from critic_pretrain.seed import check_seed, config_lines, nemo_rl_reward_scaling
+
+
+@pytest.fixture(scope="module")
+def run(toy_data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("seedrun")
+    from critic_pretrain.train import main as train_main
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 4, "checkpoint.save_every": 2})) == 0
+    return out
+
+
+@pytest.fixture
+def seed(run, tmp_path) -> Path:
+    """A private copy of step_4 (inside a run folder with a step_2 beside it) to break."""
+    shutil.copytree(run / "step_2", tmp_path / "run" / "step_2")
+    return Path(shutil.copytree(run / "step_4", tmp_path / "run" / "step_4"))
+
+
+def check(capsys, *args: str) -> tuple[int, str, str]:
+    rc = cli_main(["seed", "check", *map(str, args)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def errors(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+def rewrite_weights(step: Path, edit) -> None:
+    path = ckpt.StepPaths(step).weights
+    state = load_file(path)
+    edit(state)
+    save_file(state, path, metadata={"format": "pt"})
+
+
+# ---------------------------------------------------------------------------------------------
+# A good seed
+
+def test_good_seed_passes_with_facts_and_paste_lines(run, capsys):
+    report = check_seed(run / "step_4")
+    assert report.ok, report.problems
+    f = report.facts
+    assert f["step"] == 4 and f["parameters"] > 0 and f["dtypes"] == ["float32"]
+    assert f["head"]["weight_shape"] == [1, 32] and isinstance(f["head"]["bias"], float)
+    assert f["arch"] == {"model_type": "qwen2", "hidden_size": 32, "num_layers": 2, "vocab_size": 64}
+    assert f["targets"]["gamma"] == 1.0 and f["targets"]["lam"] == 1.0
+    opt = f["optimizer"]
+    assert opt["param_groups"] == 1 and opt["initial_lr"] and opt["scheduler"] == "LambdaLR" and opt["last_epoch"] == 4
+    rc, out, err = check(capsys, run / "step_4", "--model-config", ckpt.StepPaths(run / "step_4").hf_config)
+    assert rc == 0, err
+    assert out.startswith(f"OK  {run / 'step_4'} is a valid critic seed for nemo-rl")
+    assert f"warm_start_value_checkpoint: {(run / 'step_4').resolve()}" in out
+    assert "policy_training_start_step: 0" in out and "gae_lambda_value: 1" in out
+    assert "LambdaLR" in err  # the scheduler-class note for older NeMo-RL
+
+
+def test_json_output(run, capsys):
+    rc = cli_main(["seed", "check", str(run / "step_4"), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["ok"] and report["facts"]["step"] == 4
+
+
+def test_step_folder_for_other_targets_points_at_export(run, capsys):
+    for target, fmt in (("verl", "hf"), ("openrlhf", "openrlhf"), ("trl", "trl")):
+        rc, out, _ = check(capsys, run / "step_4", "--for", target)
+        assert rc == 0 and f"critic-pretrain export {run / 'step_4'} --format {fmt}" in out
+
+
+def test_reward_transform_becomes_nemo_rl_reward_scaling():
+    lines = "\n".join(nemo_rl_reward_scaling({"reward_scale": 2.0, "reward_shift": -1.0, "reward_clip": None}))
+    assert "enabled: true" in lines and "target_min: -1" in lines and "target_max: 1" in lines
+    clipped = "\n".join(nemo_rl_reward_scaling({"reward_scale": 2.0, "reward_shift": -1.0, "reward_clip": [-1, 0.5]}))
+    assert "source_min: 0" in clipped and "source_max: 0.75" in clipped and "target_max: 0.5" in clipped
+    assert "enabled: false" in "\n".join(nemo_rl_reward_scaling({"reward_scale": 1.0, "reward_shift": 0.0}))
+    text = "\n".join(config_lines("nemo-rl", Path("/s/step_3"), {"targets": {"gamma": 0.99, "lam": 0.95}}))
+    assert "gae_gamma: 0.99" in text and "gae_lambda_value: 0.95" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# The path
+
+def test_empty_path(capsys):
+    rc, _, err = check(capsys, "")
+    assert rc == 1
+    assert errors(err) == ["error: the seed path is empty: pass the step_<n> folder of a critic-pretrain run, e.g. "
+                           "runs/critic/step_370 (NeMo-RL rejects an empty ppo.warm_start_value_checkpoint too)"]
+
+
+def test_typo_path_suggests_the_close_name(seed, capsys):
+    rc, _, err = check(capsys, seed.parent / "step_44")
+    assert rc == 1
+    assert errors(err) == [f"error: {seed.parent / 'step_44'} does not exist (did you mean {seed}?); "
+                           "pass an existing step_<n> folder"]
+
+
+def test_run_folder_names_the_newest_step(seed, capsys):
+    rc, _, err = check(capsys, seed.parent)
+    assert rc == 1
+    assert errors(err) == [f"error: {seed.parent} is a run folder, not a checkpoint; pass one of its step_<n> "
+                           f"folders, e.g. the newest complete one: {seed}"]
+
+
+def test_tmp_step_folder(seed, capsys):
+    tmp = shutil.copytree(seed, seed.parent / "tmp_step_6")
+    rc, _, err = check(capsys, tmp)
+    assert rc == 1
+    assert errors(err) == [f"error: {tmp} is an unfinished save (tmp_step_6: the run crashed or is still writing "
+                           f"it); use the newest complete checkpoint {seed}, or wait for the save to finish"]
+
+
+def test_not_a_seed_and_file(tmp_path, capsys):
+    (tmp_path / "x.txt").write_text("x")
+    assert check(capsys, tmp_path / "x.txt")[0] == 1
+    rc, _, err = check(capsys, tmp_path)
+    assert rc == 1 and "has no value/weights: it is not a critic seed" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+
+def test_missing_weights(seed, capsys):
+    ckpt.StepPaths(seed).weights.unlink()
+    rc, _, err = check(capsys, seed)
+    assert rc == 1
+    assert any("no weights: " in e and "has no *.safetensors file" in e for e in errors(err)), err
+
+
+def test_unreadable_weights(seed, capsys):
+    with open(ckpt.StepPaths(seed).weights, "r+b") as f:
+        f.truncate(50)
+    rc, _, err = check(capsys, seed)
+    assert rc == 1 and any("the file is truncated or not safetensors" in e for e in errors(err)), err
+
+
+def test_head_of_the_wrong_shape(seed, capsys):
+    def two_labels(state):
+        state["score.weight"] = torch.zeros(2, 32)
+        state["score.bias"] = torch.zeros(2)
+    rewrite_weights(seed, two_labels)
+    rc, _, err = check(capsys, seed)
+    assert rc == 1
+    assert "error: value head score.weight has shape [2, 32], expected [1, hidden]: a value head has one output " \
+           "(this looks like a classifier with several labels); train a critic with critic-pretrain train" in err
+
+
+def test_nan_weights(seed, capsys):
+    rewrite_weights(seed, lambda s: s["model.layers.1.mlp.up_proj.weight"].view(-1)[:3].fill_(float("nan")))
+    rc, _, err = check(capsys, seed)
+    assert rc == 1
+    assert errors(err) == ["error: 1 tensor(s) hold NaN/Inf (e.g. model.layers.1.mlp.up_proj.weight: 3 of 2048 "
+                           "values): NeMo-RL loads them silently and the first PPO step produces NaN; use an earlier "
+                           f"checkpoint, e.g. {seed.parent / 'step_2'} and lower the learning rate"]
+
+
+def test_hidden_size_differs_from_the_ppo_model(seed, tmp_path, capsys):
+    config = json.loads(ckpt.StepPaths(seed).hf_config.read_text())
+    config.update(hidden_size=64, intermediate_size=128)
+    (tmp_path / "ppo_model").mkdir()
+    (tmp_path / "ppo_model" / "config.json").write_text(json.dumps(config))
+    rc, _, err = check(capsys, seed, "--model-config", tmp_path / "ppo_model")
+    assert rc == 1
+    assert errors(err) == [f"error: hidden size 32 in the seed (value head [1, 32]) but --model-config "
+                           f"{tmp_path / 'ppo_model'} has hidden_size=64: the critic was trained on another backbone; "
+                           "point the PPO value model (value.model_name) at the seed's backbone or retrain the critic "
+                           "on the PPO model"]
+
+
+def test_vocab_and_layers_differ_from_the_ppo_model(seed, tmp_path, capsys):
+    config = json.loads(ckpt.StepPaths(seed).hf_config.read_text())
+    config.update(vocab_size=128, num_hidden_layers=3, layer_types=["full_attention"] * 3)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    rc, _, err = check(capsys, seed, "--model-config", tmp_path / "config.json")
+    assert rc == 1
+    lines = errors(err)
+    assert len(lines) == 2
+    assert lines[0].startswith("error: vocabulary of 64 tokens in the seed (model.embed_tokens.weight) but")
+    assert lines[1].startswith("error: 2 layers in the seed but")
+
+
+def test_extra_keys_that_nemo_rl_would_ignore(seed, capsys):
+    rewrite_weights(seed, lambda s: s.update({"lm_head.weight": torch.zeros(64, 32)}))
+    rc, _, err = check(capsys, seed)
+    assert rc == 1 and any(e.startswith("error: 1 unexpected tensor(s) (e.g. lm_head.weight): NeMo-RL and "
+                                        "transformers ignore extra keys silently") for e in errors(err)), err
+
+
+def test_missing_backbone_tensor(seed, capsys):
+    rewrite_weights(seed, lambda s: s.pop("model.norm.weight"))
+    rc, _, err = check(capsys, seed)
+    assert rc == 1 and any(e.startswith("error: 1 tensor(s) missing (e.g. model.norm.weight): the strict load fails")
+                           for e in errors(err)), err
+
+
+@pytest.mark.parametrize("name", ["__0_0.distcp", "adapter_model.safetensors"])
+def test_stray_files_that_switch_nemo_rls_loader(seed, capsys, name):
+    shutil.copy(ckpt.StepPaths(seed).weights, ckpt.StepPaths(seed).weights_dir / name)
+    rc, _, err = check(capsys, seed)
+    assert rc == 1
+    expected = "stray DCP file" if name.endswith(".distcp") else "makes NeMo-RL load the seed as a PEFT adapter"
+    assert any(expected in e for e in errors(err)), err
+
+
+def test_head_without_bias_for_nemo_rl(run, toy_data, tmp_path, capsys):
+    from critic_pretrain.train import main as train_main
+    out = tmp_path / "nobias"
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 1, "model.head_bias": False})) == 0
+    rc, _, err = check(capsys, out / "step_1")
+    assert rc == 1
+    assert errors(err) == ["error: the value head has no bias (trained with model.head_bias=false) but nemo-rl builds "
+                           "AutoModelForTokenClassification(num_labels=1) with score.bias [1] and loads strictly; export "
+                           "it with critic-pretrain export --format nemo-rl (adds a zero bias, values unchanged)"]
+    assert check(capsys, out / "step_1", "--for", "trl")[0] == 0  # bias-free is what TRL wants
+
+
+# ---------------------------------------------------------------------------------------------
+# training_info.json and the manifest
+
+def test_training_info_step_mismatch_and_missing(seed, capsys):
+    info = json.loads(ckpt.StepPaths(seed).training_info.read_text())
+    moved = shutil.copytree(seed, seed.parent / "step_3")
+    rc, _, err = check(capsys, moved)
+    assert rc == 1 and f"error: training_info.json says total_steps={info['total_steps']} but the folder is step_3" in err
+    ckpt.StepPaths(seed).training_info.unlink()
+    rc, _, err = check(capsys, seed)
+    assert rc == 1 and f"error: no training_info.json in {seed}" in err
+
+
+def test_changed_file_is_caught_by_the_manifest(seed, capsys):
+    with open(ckpt.StepPaths(seed).root / "config.yaml", "a") as f:
+        f.write("# edited\n")
+    rc, _, err = check(capsys, seed)
+    assert rc == 1 and "config.yaml has" in err and "copy it again from the run" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer
+
+def _rewrite_optimizer(step: Path, make) -> None:
+    """Replace value/optimizer/optim with the state of the optimizer/scheduler ``make`` builds."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    p = ckpt.StepPaths(step)
+    model = AutoModelForTokenClassification.from_config(AutoConfig.from_pretrained(p.hf_config.parent))
+    opt, sched = make(model)
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    if sched is not None:
+        sched.step()
+    shutil.rmtree(p.optim_dir)
+    state = {"optim": get_optimizer_state_dict(model, opt, options=ckpt.OPTIM_OPTIONS),
+             "sched": sched.state_dict() if sched is not None else {"last_epoch": 1}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "torch.distributed is disabled": one process is the intent
+        dcp.save(state, checkpoint_id=str(p.optim_dir), no_dist=True)
+    manifest = json.loads(p.manifest.read_text())
+    manifest["files"] = ckpt._files_manifest(step)
+    p.manifest.write_text(json.dumps(manifest))
+
+
+def test_optimizer_with_two_param_groups(seed, capsys):
+    from torch.optim.lr_scheduler import LambdaLR
+
+    def two_groups(model):
+        head = [p for n, p in model.named_parameters() if n.startswith("score.")]
+        body = [p for n, p in model.named_parameters() if not n.startswith("score.")]
+        opt = torch.optim.AdamW([{"params": body}, {"params": head, "weight_decay": 0.1}], lr=1e-3)
+        return opt, LambdaLR(opt, lambda s: 1)
+    _rewrite_optimizer(seed, two_groups)
+    rc, _, err = check(capsys, seed)
+    assert rc == 1
+    assert errors(err) == ["error: the optimizer state has 2 parameter groups (they differ in weight_decay): NeMo-RL "
+                           "builds one AdamW group, loads this with the wrong hyperparameters and its scheduler crashes "
+                           "on the first step; drop it (critic-pretrain export STEP --format nemo-rl --drop-optimizer: "
+                           "NeMo-RL since PR #4213 rebuilds it on a warm start anyway)"]
+
+
+def test_optimizer_without_scheduler_or_all_parameters(seed, capsys):
+    _rewrite_optimizer(seed, lambda model: (torch.optim.AdamW(model.parameters(), lr=1e-3), None))
+    rc, _, err = check(capsys, seed)
+    assert rc == 1 and any(e.startswith("error: no initial_lr in the optimizer state") for e in errors(err)), err
+
+    def frozen_head(model):
+        opt = torch.optim.AdamW([p for n, p in model.named_parameters() if not n.startswith("score.")], lr=1e-3)
+        from torch.optim.lr_scheduler import LambdaLR
+        return opt, LambdaLR(opt, lambda s: 1)
+    _rewrite_optimizer(seed, frozen_head)
+    rc, _, err = check(capsys, seed)
+    assert rc == 1 and any(e.startswith("error: the optimizer state lacks 2 trainable parameter(s) (e.g. score.")
+                           for e in errors(err)), err
+
+
+def test_unreadable_optimizer(seed, capsys):
+    (ckpt.StepPaths(seed).optim_dir / ".metadata").write_bytes(b"garbage")
+    rc, _, err = check(capsys, seed)
+    assert rc == 1 and "value/optimizer/optim is not a readable torch.distributed.checkpoint" in err
+
+
+def test_cli_subprocess_exit_code_and_one_line(run, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "seed", "check", str(run / "step_9")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 1
+    assert errors(res.stderr) == [f"error: {run / 'step_9'} does not exist (did you mean {run / 'step_4'}?); pass an "
+                                  "existing step_<n> folder"]
+    assert "Traceback" not in res.stderr
