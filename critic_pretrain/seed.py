@@ -113,8 +113,8 @@ class SeedReport:
         lines.append(f"  trained on: {_describe_targets(f.get('targets'))}")
         if f.get("training_info"):
             info = f["training_info"]
-            val = ", ".join(f"{k} {v:.4g}" for k, v in info.items() if k.startswith("val:") and isinstance(v, float)
-                            and "tokens" not in k)
+            headline = ("val:loss", "val:explained_variance", "val:oracle_loss", "val:oracle_explained_variance")
+            val = ", ".join(f"{k} {info[k]:.4g}" for k in headline if isinstance(info.get(k), float))
             lines.append(f"  training: total_steps {info.get('total_steps')}" + (f", {val}" if val else ""))
         opt = f.get("optimizer")
         if self.kind == "step":

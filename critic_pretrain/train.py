@@ -364,9 +364,11 @@ def train_loop(run: Run, preempt: Preemption) -> int:
             prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
     bar.close()
     run.metrics.close()
-    if acc.is_main_process:
-        print(warm_start_snippet((run.out / f"step_{prog.step}").resolve(), cfg))
     acc.end_training()
+    if acc.is_main_process:  # check the seed the way a PPO run will load it, and print the config lines
+        from critic_pretrain.seed import main as seed_check
+        print()
+        return seed_check(["check", str((run.out / f"step_{prog.step}").resolve())])
     return 0
 
 
@@ -449,21 +451,6 @@ def _load_tokenizer(cfg: Config):
 def _progress_bar(enabled: bool, start: int, total: int):
     from tqdm.auto import tqdm
     return tqdm(total=total, initial=start, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
-
-
-def warm_start_snippet(step_dir: Path, cfg: Config) -> str:
-    """The NeMo-RL PPO config lines that warm-start from ``step_dir``."""
-    t = cfg.targets
-    lines = ["", "# NeMo-RL PPO: paste into your run config to warm-start the critic from this seed",
-             "ppo:", f"  warm_start_value_checkpoint: {step_dir}",
-             "  policy_training_start_step: 0   # the critic is already warm: no critic-only warm-up steps"]
-    if (t.reward_scale, t.reward_shift) != (1.0, 0.0) or t.reward_clip:
-        lines.append(f"  # trained on rewards r' = {t.reward_scale:g} * r + {t.reward_shift:g}"
-                     + (f", clipped to {t.reward_clip}" if t.reward_clip else "")
-                     + ": configure ppo.reward_scaling so the PPO run sees the same scale")
-    lines.append(f"  # targets: gamma={t.gamma:g}, critic lambda={t.lam:g}")
-    lines.append(f"# check it first: critic-pretrain seed check {step_dir}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
