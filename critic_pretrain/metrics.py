@@ -18,13 +18,18 @@ import torch
 N_SUMS = 6
 
 
-def value_sums(values: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """[6] float64 sums over tokens with weight > 0 (device tensor: no host sync)."""
+def token_terms(values: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[..., 6] float64 per-token terms of the sums below (tokens with weight 0 add nothing)."""
     valid = (weights > 0).to(torch.float64)
     r = targets.to(torch.float64)
     d = r - values.detach().to(torch.float64)
-    return torch.stack([valid.sum(), (weights.to(torch.float64) * d.square()).sum(), (valid * r).sum(),
-                        (valid * r.square()).sum(), (valid * d).sum(), (valid * d.square()).sum()])
+    return torch.stack([valid, weights.to(torch.float64) * d.square(), valid * r, valid * r.square(),
+                        valid * d, valid * d.square()], dim=-1)
+
+
+def value_sums(values: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """[6] float64 sums over tokens with weight > 0 (device tensor: no host sync)."""
+    return token_terms(values, targets, weights).reshape(-1, N_SUMS).sum(0)
 
 
 def summarize(sums: torch.Tensor, prefix: str) -> dict[str, float]:

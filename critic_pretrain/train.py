@@ -343,6 +343,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
                 bar.set_postfix(loss=f"{rec.get('train/loss', math.nan):.4g}",
                                 ev=f"{rec.get('train/explained_variance', math.nan):.3f}",
                                 tok_s=f"{rec['train/tokens_per_s']:.3g}")
+            t_pause = time.perf_counter()  # tokens/s measures training, not evaluation or saving
             if (cfg.eval.every and prog.step % cfg.eval.every == 0) or done:
                 validate(run, prog.step)
             # Preemption is checked where we sync anyway: each log step (each step on one process).
@@ -351,6 +352,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
             if done or stop or (cfg.checkpoint.save_every and prog.step % cfg.checkpoint.save_every == 0):
                 window.flush_counts()
                 save(run, prog.step)
+            window.t += time.perf_counter() - t_pause
             if stop:
                 log.warning("preempted: saved step_%d; re-run the same command to resume", prog.step)
                 run.metrics.close()
@@ -380,7 +382,9 @@ def validate(run: Run, step: int) -> None:
                             max_length=run.data.max_length, layout=run.layout, device=run.accelerator.device,
                             reduce=run.reduce, token_cap=run.cfg.eval.max_tokens)
     run.metrics.log({"step": step, **run.last_val})
-    log.info("step %d  %s", step, "  ".join(f"{k}={v:.4g}" for k, v in run.last_val.items() if "tokens" not in k))
+    headline = ("loss", "explained_variance", "oracle_loss", "oracle_explained_variance", "calibration_error")
+    log.info("step %d  %s", step, "  ".join(f"val/{k}={run.last_val[f'val/{k}']:.4g}" for k in headline
+                                             if f"val/{k}" in run.last_val))
     reason = run.stop_rule.update(run.last_val)  # same values on every rank: all agree
     if reason and step > 0:
         run.prog.stopped_early = reason

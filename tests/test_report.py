@@ -1,0 +1,127 @@
+"""`critic-pretrain report`: plateau rule, summary, PNGs, overlays and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from critic_pretrain import cli, report
+from test_evaluate import tiny_run
+
+pytest.importorskip("matplotlib")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+CURVES = ("loss", "explained_variance", "lr", "grad_norm", "tokens_per_s", "buckets")
+# Validation loss every 10 steps: best 0.20 at step 70, then rising (over-training).
+VAL_LOSS = [1.0, 0.6, 0.4, 0.3, 0.25, 0.22, 0.21, 0.20, 0.22, 0.26, 0.30]
+
+
+def synthetic_run(root: Path, name: str = "synthetic") -> Path:
+    """A metrics.jsonl shaped like train.py's, with known best step and plateau."""
+    run = root / name
+    run.mkdir(parents=True)
+    lines = []
+    for step in range(0, 101):
+        if step:
+            lines.append({"step": step, "train/loss": 1.0 / (1 + 0.05 * step), "train/explained_variance": 0.01 * step,
+                          "train/lr": 1e-3, "train/grad_norm": 2.0 / step, "train/tokens_per_s": 1000.0 + step,
+                          "train/valid_tokens": 100.0})
+        if step % 10 == 0:
+            loss = VAL_LOSS[step // 10]
+            rec = {"step": step, "val/loss": loss, "val/explained_variance": 1.0 - loss, "val/valid_tokens": 50.0,
+                   "val/calibration_error": loss / 10}
+            rec.update({f"val/loss_pos_{q}": loss * (1 + i / 10) for i, q in enumerate(("q1", "q2", "q3", "q4"))})
+            rec.update({f"val/loss_turn_{t}": loss for t in ("1", "2", "3")}, **{"val/loss_turn_4plus": None})
+            lines.append(rec)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 10')  # torn line
+    return run
+
+
+def test_plateau_best_and_overtraining_rules():
+    steps, loss = np.arange(0, 110, 10), np.array(VAL_LOSS)
+    assert report.best_point(steps, loss) == (70, 0.20)
+    # threshold: 0.20 + 0.1 * (1.0 - 0.20) = 0.28 -> first reached at step 40 (0.25)
+    assert report.plateau_step(steps, loss) == 40
+    assert report.regressed(loss)                                     # 0.30 > 0.28
+    assert not report.regressed(loss[:9])                             # ends at 0.22
+    assert report.plateau_step(steps, 1 - loss, higher_is_better=True) == 40
+    assert report.plateau_step(steps[:3], np.array([1.0, 0.5, 0.1])) == 20   # still improving: the last step
+    assert report.plateau_step(steps[:3], np.array([1.0, 1.2, 1.1])) is None  # never improved
+    assert report.plateau_step(steps[:2], np.array([1.0, 0.5])) is None       # too few evaluations
+
+
+def test_report_on_synthetic_metrics(tmp_path, capsys):
+    run = synthetic_run(tmp_path)
+    out = tmp_path / "rep"
+    assert cli.main(["report", str(run), "--out", str(out), "--no-eval"]) == 0
+    printed = capsys.readouterr().out
+    for name in CURVES:
+        data = (out / f"{name}.png").read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
+    assert not (out / "calibration.png").exists()  # no checkpoint, no eval JSON
+    text = (out / "report.md").read_text()
+    assert text in printed
+    assert "| synthetic | 100 | 0.2 (70) | 0.8 (70) | 0.3 | 0.7 | 40 |" in text
+    assert "| best val loss | 70 | 0.2 | 0.8 | 0.02 |" in text
+    assert "val loss at step 40" in text and "Over-training" in text
+    assert "Checkpoints: none" in text
+
+
+def test_report_overlays_runs_and_extra_calibration(tmp_path):
+    a, b = synthetic_run(tmp_path / "a"), synthetic_run(tmp_path / "b")   # same folder name: named by path
+    ev = tmp_path / "newer-policy.json"
+    ev.write_text(json.dumps({"checkpoint": {"path": "/x/step_5"}, "calibration": [
+        {"lo": None, "hi": 0.5, "tokens": 3, "value_mean": 0.2, "target_mean": 0.3, "oracle_mean": 0.25},
+        {"lo": 0.5, "hi": None, "tokens": 3, "value_mean": 0.7, "target_mean": 0.6, "oracle_mean": 0.65}]}))
+    written, text = report.write_report([a, b], tmp_path / "rep", evaluate=False, eval_jsons=[str(ev)])
+    assert (tmp_path / "rep" / "calibration.png").stat().st_size > 5000
+    assert f"| {a} |" in text and f"| {b} |" in text
+    runs = report.load_runs([a, b])
+    fig = report.fig_loss(runs)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert f"{a}: validation" in labels and f"{b}: validation" in labels
+
+
+def test_report_without_validation_records(tmp_path):
+    run = tmp_path / "noval"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "train/loss": 1.0 / s, "train/lr": 1e-3})
+                                               + "\n" for s in range(1, 20)))
+    written, text = report.write_report([run], tmp_path / "rep", evaluate=False)
+    assert (tmp_path / "rep" / "loss.png").stat().st_size > 5000
+    assert "No validation records" in text and "| noval | 19 | - | - | - | - | - |" in text
+
+
+def test_report_on_a_real_run(tmp_path_factory, toy_data, tmp_path, capsys):
+    run = tiny_run(tmp_path_factory, toy_data)
+    out = tmp_path / "rep"
+    assert cli.main(["report", str(run), "--out", str(out)]) == 0
+    for name in (*CURVES, "calibration"):
+        data = (out / f"{name}.png").read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
+    text = (out / "report.md").read_text()
+    best = report.best_point(*report.load_run(run).series("val/loss"))
+    assert f"best val loss | {best[0]} |" in text
+    saved, pick = report.pick_checkpoint(report.load_run(run))
+    assert saved == [4, 8] and f"Checkpoints: step_4, step_8; pick step_{pick} " in text
+    assert f"Calibration of step_{pick} on validation split of the run" in text
+    assert (run / "eval" / f"step_{pick}-val.json").is_file()
+
+
+@pytest.mark.parametrize("case", ["missing", "no_metrics", "empty", "bad_eval_json"])
+def test_report_errors_are_one_line(tmp_path, capsys, case):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    (tmp_path / "bare").mkdir()
+    run = synthetic_run(tmp_path)
+    (tmp_path / "x.json").write_text("{}")
+    argv = {"missing": [str(tmp_path / "nope")], "no_metrics": [str(tmp_path / "bare")],
+            "empty": [str(tmp_path / "empty")], "bad_eval_json": [str(run), "--eval", str(tmp_path / "x.json")]}[case]
+    assert cli.main(["report", *argv, "--no-eval", "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert {"missing": "no such run folder", "no_metrics": "no metrics.jsonl", "empty": "no records yet",
+            "bad_eval_json": "no calibration table"}[case] in err
