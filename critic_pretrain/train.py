@@ -369,8 +369,9 @@ def train_loop(run: Run, preempt: Preemption) -> int:
     acc.end_training()
     if acc.is_main_process:  # check the seed the way a PPO run will load it, and print the config lines
         from critic_pretrain.seed import main as seed_check
+        target = "nemo-rl" if cfg.model.head_bias else "openrlhf"  # bias-free heads are for OpenRLHF/TRL
         print()
-        return seed_check(["check", str((run.out / f"step_{prog.step}").resolve())])
+        return seed_check(["check", str((run.out / f"step_{prog.step}").resolve()), "--for", target])
     return 0
 
 
