@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -84,8 +83,8 @@ def main() -> None:
     size = sum(p.stat().st_size for p in out.glob("*.parquet"))
     res = json.loads(subprocess.run([sys.executable, __file__, "--child", str(out)], check=True,
                                     capture_output=True, text=True).stdout)
-    print(f"| archive | files | rows | tokens | read+validate | tokens/s | peak RSS |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| archive | files | rows | tokens | read+validate | tokens/s | peak RSS |")
+    print("|---|---|---|---|---|---|---|")
     print(f"| {size / 1e9:.2f} GB | {res['files']} | {res['rows']:,} | {res['tokens'] / 1e6:.0f}M | "
           f"{res['seconds']:.1f} s | {res['tokens'] / res['seconds'] / 1e6:.1f}M | {res['peak_rss_mb']:.0f} MB |")
     if res["peak_rss_mb"] > 1024:

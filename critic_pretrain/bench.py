@@ -125,7 +125,6 @@ def _autocast(device: torch.device):
 
 def run_baseline(model, store, indices, batch_rows: int, steps: int, warmup: int, device, lr: float) -> Result:
     """A plain padded loop: fixed rollouts per batch, pad to the longest, mask, MSE on policy tokens."""
-    from critic_pretrain.model import token_values
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = np.random.default_rng(0)

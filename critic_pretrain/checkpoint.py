@@ -297,17 +297,22 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         _fsync_tree(tmp)
 
 
-def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
-    """Rename the finished temporary folder to ``step_<n>`` (the atomic moment of a save)."""
-    _fault("before_rename", step)
-    if final.exists():  # re-saving a step (e.g. after a resume from it): swap, never delete first
-        old = root / f"deleting_step_{step}"
+def replace_dir(tmp: Path, final: Path, old: Path) -> None:
+    """Put the finished folder ``tmp`` at ``final`` by rename. An existing ``final`` (a re-save
+    or re-export) is first renamed to ``old``, never deleted before the new one is in place."""
+    if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, final)
+
+
+def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
+    """Rename the finished temporary folder to ``step_<n>`` (the atomic moment of a save)."""
+    _fault("before_rename", step)
+    replace_dir(tmp, final, root / f"deleting_step_{step}")  # retention removes a leftover
     _fsync_dir(root)
 
 

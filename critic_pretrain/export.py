@@ -179,14 +179,7 @@ def _check_out(src: Path, final: Path, overwrite: bool) -> None:
 
 def _publish(tmp: Path, final: Path) -> None:
     """Atomic rename; an existing export is swapped out, never deleted first."""
-    if final.exists():
-        old = final.parent / f".{final.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+    ckpt.replace_dir(tmp, final, final.parent / f".{final.name}.old")
 
 
 def _self_check(final: Path, fmt: str) -> None:

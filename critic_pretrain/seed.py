@@ -731,7 +731,7 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
         report.fail("keys", f"cannot read {root / 'config.json'} ({_first_line(e)}); re-export the folder")
         return
     if cfg_json.get("num_labels", len(cfg_json.get("id2label", {})) or 2) != 1:
-        report.fail("head", f"config.json does not say num_labels: 1 (readers default to 2 labels and build the wrong "
+        report.fail("head", "config.json does not say num_labels: 1 (readers default to 2 labels and build the wrong "
                             "head); re-export with critic-pretrain export")
     if report.target == "verl" and cfg_json.get("classifier_dropout") not in (0, 0.0):
         report.warn("config.json has no classifier_dropout: 0.0 (verl sets it itself; other readers put dropout 0.1 "

@@ -26,7 +26,6 @@ from typing import Any
 if __package__ in (None, ""):  # `accelerate launch critic_pretrain/train.py`: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 import torch
 import yaml
 

@@ -216,7 +216,7 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
 
 def _check_len(flags: _Flags, name: str, got: np.ndarray, want: np.ndarray) -> None:
     flags.add(got < 0, name, "null list", f"write one entry per token in '{name}'", "null")
-    flags.add((got >= 0) & (got != want), name, f"length differs from input_ids",
+    flags.add((got >= 0) & (got != want), name, "length differs from input_ids",
               f"'{name}' needs exactly one entry per token of input_ids", "length_mismatch")
 
 
