@@ -204,6 +204,8 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
             for path, rows, batch in reader:
                 batch, rows = _apply_filters(batch, rows, src, stats)
                 if batch.num_rows:
+                    stats.tokens += int(pc.sum(pc.list_value_length(batch.column("input_ids"))).as_py())
+                    stats.policy_tokens += int(pc.sum(pc.list_flatten(batch.column("loss_mask"))).as_py())
                     out_batch, batch_sums = _with_targets(batch, rows, path, transform, targets, source=i)
                     sums += batch_sums
                     writer.write_batch(out_batch)
@@ -542,7 +544,16 @@ def loader(store: RolloutStore, batches: list[np.ndarray], max_length: int, *, n
     ds = MicroBatches(store, batches, max_length, extra)
     return iter(torch.utils.data.DataLoader(
         ds, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
-        prefetch_factor=4 if num_workers else None, persistent_workers=False))
+        prefetch_factor=4 if num_workers else None, persistent_workers=False,
+        worker_init_fn=_ignore_preemption_signals if num_workers else None))
+
+
+def _ignore_preemption_signals(worker_id: int) -> None:
+    """SLURM and torchrun signal every process of the job; a worker killed by SIGTERM would
+    crash the trainer, which must instead save and exit. The trainer tears workers down."""
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 # ---------------------------------------------------------------------------------------------

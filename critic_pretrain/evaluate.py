@@ -293,12 +293,18 @@ def evaluate_detailed(model: torch.nn.Module, store: RolloutStore, indices: np.n
     model.eval()
     grid = CalibrationGrid.for_store(store)
     edges = grid.edges(device)
-    mine = eval_batches(store, indices, max_tokens, max_length, token_cap)[layout.rank::layout.world]
+    batches = eval_batches(store, indices, max_tokens, max_length, token_cap)
+    mine = batches[layout.rank::layout.world]
+    # Every rank runs the same number of forwards (FSDP all-gathers parameters, DDP syncs
+    # buffers in forward): ranks with fewer batches repeat one and discard its sums.
+    real = len(mine)
+    mine += batches[:1] * (-(-len(batches) // layout.world) - real)
     sums = torch.zeros(2, n_groups(grid.cells), N_SUMS, dtype=torch.float64, device=device)
-    for mb in loader(store, mine, max_length, extra=True):
+    for i, mb in enumerate(loader(store, mine, max_length, extra=True)):
         mb = to_device(mb, device)
         values = token_values(model, mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])
-        sums += batch_sums(values, mb, edges)
+        if i < real:
+            sums += batch_sums(values, mb, edges)
     model.train(was_training)
     host = reduce(sums).cpu()  # the evaluation's one collective and one host sync
     return finish(host, grid, has_oracle=store.has_oracle, prefix=prefix)

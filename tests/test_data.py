@@ -39,6 +39,8 @@ def test_store_holds_monte_carlo_targets(rows_dir, tmp_path):
         assert all(r == 0 for r, m in zip(returns, mask) if not m)
     assert store.table.column("weight")[4 - 1].as_py() == 0.5  # row 4 moved up one (row 3 had weight 0)
     assert store.stats.filtered["zero_weight"] == 1 and store.stats.rows == len(kept)
+    assert store.stats.tokens == sum(len(r["input_ids"]) for r in kept)
+    assert store.stats.policy_tokens == sum(sum(r["loss_mask"]) for r in kept)
 
 
 def test_store_applies_reward_transform_and_gamma(rows_dir, tmp_path):

@@ -231,20 +231,22 @@ def test_bad_config_is_one_line(toy_data, tmp_path):
 
 def test_two_process_cpu_run_matches_grad_accum(toy_data, tmp_path):
     """2 ranks x 1 micro-batch see exactly the micro-batches 1 rank x 2 accumulated sees:
-    with global token normalisation the losses agree."""
+    with global token normalisation the losses agree. The validation split is one micro-batch,
+    fewer than ranks: evaluation must not hang."""
     out2 = tmp_path / "ddp"
     # accelerate's `--cpu` with several processes needs MPI; torchrun-style workers on CPU need
     # ACCELERATE_USE_CPU=1 with --multi_gpu (gloo backend). docs/distributed.md says the same.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
-           str(ROOT / "critic_pretrain" / "train.py"), *tiny_overrides(out2, toy_data, **{"train.max_steps": 6})]
+           str(ROOT / "critic_pretrain" / "train.py"),
+           *tiny_overrides(out2, toy_data, **{"train.max_steps": 6, "data.val_fraction": 0.05})]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={**os.environ, "ACCELERATE_USE_CPU": "1"})
     assert "2 process(es)" in res.stderr
     assert res.returncode == 0, res.stderr[-3000:]
     assert (out2 / "step_6" / "resume" / "rng_rank1.pt").is_file()
     out1 = tmp_path / "accum"
-    assert train(out1, toy_data, **{"train.max_steps": 6, "train.grad_accum": 2}) == 0
+    assert train(out1, toy_data, **{"train.max_steps": 6, "train.grad_accum": 2, "data.val_fraction": 0.05}) == 0
     l1, l2 = losses(out1), losses(out2)
     assert l1.keys() == l2.keys()
     for k in l1:
@@ -252,3 +254,24 @@ def test_two_process_cpu_run_matches_grad_accum(toy_data, tmp_path):
     w1, w2 = weights(out1 / "step_6"), weights(out2 / "step_6")
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-3, atol=1e-5)
+
+
+def test_sigterm_to_the_whole_process_group_saves(toy_data, tmp_path):
+    """SLURM preemption signals every process, DataLoader workers included: still a clean save."""
+    import signal
+    import time
+    out = tmp_path / "pg"
+    cmd = [sys.executable, "-m", "critic_pretrain.cli", "train",
+           *tiny_overrides(out, toy_data, **{"train.max_steps": 2000, "data.num_workers": 1,
+                                             "checkpoint.save_every": 3})]
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ckpt.find_checkpoints(out) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "preempted: saved step_" in err
+    newest = sorted(ckpt.find_checkpoints(out))[-1]
+    assert 3 <= newest < 2000 and ckpt.verify(out / f"step_{newest}") is None
