@@ -31,6 +31,7 @@ demo: $(STAMP)
 	$(BIN)/critic-pretrain demo
 
 test: $(STAMP)
+	$(BIN)/ruff check critic_pretrain rollouts tests bench
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

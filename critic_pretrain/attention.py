@@ -63,10 +63,15 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, dr
         return _varlen_forward(query, key, value, cu, kwargs["max_length_q"], scaling), None
     bounds = kwargs.get("cu_seq_lens_cpu")
     bounds = bounds if bounds is not None else cu.tolist()  # host sync only if the CPU copy is missing
+    return _per_sequence(query, key, value, bounds, scaling), None
+
+
+@torch.compiler.disable  # a Python loop over rollouts: under torch.compile, a graph break, not a recompile
+def _per_sequence(query, key, value, bounds: list[int], scaling) -> torch.Tensor:
     outs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
                                            scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
             for s, e in zip(bounds[:-1], bounds[1:])]
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
 def _varlen_forward(query, key, value, cu_seqlens, max_len: int, scaling):
