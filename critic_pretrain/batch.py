@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .config import Config, load_config
+from .config import Config, load_config, read_yaml_mapping
 from .errors import USER_ERRORS, UserError
 
 if TYPE_CHECKING:
@@ -123,18 +123,8 @@ def load_jobs(path: str | os.PathLike) -> list[Job]:
 
 
 def _read_yaml(path: str | os.PathLike) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{path}: jobs file not found")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{line} is not valid YAML ({getattr(e, 'problem', None) or e}); fix the file") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a mapping with `jobs:` (and optional `defaults:`) at the top level")
-    return doc
+    return read_yaml_mapping(path, missing="jobs file not found",
+                             expected="a mapping with `jobs:` (and optional `defaults:`)")
 
 
 def _check_keys(mapping: dict, allowed: tuple[str, ...], where: str) -> None:

@@ -257,22 +257,29 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     """Read a YAML file (or start from defaults), apply ``key=value`` overrides, validate."""
     raw: dict = dict(base or {})
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"{path}: config file not found; pass --config configs/<name>.yaml")
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise UserError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', e)}); fix the file") from None
-        if not isinstance(raw, dict):
-            raise UserError(f"{path}: expected a mapping of config keys at the top level")
+        raw = read_yaml_mapping(path, missing="config file not found; pass --config configs/<name>.yaml",
+                                expected="a mapping of config keys")
     for item in overrides:
         apply_override(raw, item)
     cfg = _build(Config, raw, "")
     validate(cfg)
     return cfg
+
+
+def read_yaml_mapping(path: str | os.PathLike, *, missing: str, expected: str) -> dict:
+    """A YAML file whose top level is a mapping, or a one-line ``UserError`` saying what is wrong."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{path}: {missing}")
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', None) or e}); fix the file") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected {expected} at the top level")
+    return doc
 
 
 def apply_override(raw: dict, item: str) -> None:
