@@ -358,19 +358,9 @@ def _optional_padded(batch: pa.RecordBatch, name: str, lengths: np.ndarray) -> t
     return _padded(col, lengths, torch.float32)
 
 
-class _NoBar:
-    def update(self, n=1):
-        pass
-
-    def close(self):
-        pass
-
-
 def _progress(total: int, desc: str, enabled: bool):
-    if not enabled:
-        return _NoBar()
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, unit="file", leave=False)
+    return tqdm(total=total, desc=desc, unit="file", leave=False, disable=not enabled)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -169,8 +169,8 @@ class RolloutReader:
         batches = [b for _, _, b in self]
         if not batches:
             raise RolloutError(f"no valid rollouts in {', '.join(map(str, self.files))}")
-        return pa.Table.from_batches(batches).combine_chunks() if len({b.schema for b in batches}) == 1 \
-            else pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="default")
+        # Files may differ in extra columns: promote to one schema.
+        return pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="default")
 
     def _report(self, problem: Problem) -> None:
         if self.on_bad == "fail":
