@@ -1,27 +1,51 @@
-"""Attention for packed (padding-free) batches, chosen in one place.
+"""Attention for packed (padding-free) batches: the model's own attention, chosen in one place.
 
 A packed micro-batch is one row of concatenated rollouts; attention must stay inside each
 rollout. Passing ``cu_seq_lens_*`` / ``max_length_*`` into the model forward (as
 transformers' flash-attention path does) lets the attention function see the boundaries
 without an [N, N] mask. We register one function, ``critic_packed``, with transformers'
-``AttentionInterface``; it dispatches to:
+``AttentionInterface``.
 
-- ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA, bf16/fp16):
-  FlashAttention over the packed row, O(N) memory;
-- ``per_sequence``: one causal ``scaled_dot_product_attention`` call per rollout (CPU,
-  fp32, or torch without varlen): exact, no [N, N] mask.
+transformers calls it with each layer's extras as keyword arguments, and a critic is only a
+warm start if we compute exactly what the consumer's eager attention computes with them:
+
+- ``sliding_window`` W (Mistral, Qwen2/Qwen3 windowed layers, Gemma 2 alternating layers,
+  ``layer_types``): query i sees keys i-W+1 .. i (transformers' ``sliding_window_overlay``);
+- ``softcap`` c (Gemma 2): logits -> c * tanh(logits / c) before the mask;
+- ``scaling``: the softmax scale (Gemma 2's ``query_pre_attn_scalar``);
+- ``s_aux`` (gpt-oss attention sinks): one extra per-head logit in every softmax, dropped
+  from the output;
+- ``dropout``: attention dropout while training.
+
+Per call, the fastest exact kernel is chosen:
+
+- ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA, 16-bit):
+  FlashAttention over the packed row, O(N) memory; windows through its ``window_size``
+  where this torch has it. No softcap, sinks or dropout.
+- ``sdpa``: one ``scaled_dot_product_attention`` call per rollout (CPU, fp32, or what
+  varlen lacks): causal, or a banded [L, L] mask for a rollout longer than its window.
+- ``math``: the eager formula per rollout (softcap, sinks): [H, L, L] logits per rollout,
+  as the consumer's eager path holds them.
+
+Anything else a layer asks for (an extra we do not know) is refused: ``inspect_model``
+finds it at start-up and the model then runs transformers' own ``sdpa``/``eager`` on the
+packed row (exact; an [N, N] mask, slower), and the start-up line says so. Never a
+different function silently.
 
 transformers' own ``sdpa`` on a packed row builds a block-diagonal [N, N] mask: on CPU
-that was 40x slower than per-sequence calls (docs/LOG.md), on GPU no faster than padding.
-With ``critic_packed`` transformers builds no mask at all (a custom implementation has no
-mask function), so right-padded input with an attention mask also works: causal attention
-never looks at the padding after a row's last token.
+that was 40x slower than per-sequence calls (docs/LOG.md). With ``critic_packed``
+transformers builds no mask at all (a custom implementation has no mask function), so
+right-padded input with an attention mask also works: causal attention never looks at
+the padding after a row's last token.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
@@ -31,56 +55,141 @@ log = logging.getLogger(__name__)
 
 NAME = "critic_packed"
 
+# Keyword arguments that carry no maths (bookkeeping, or the packing we consume ourselves).
+PASSIVE = frozenset({"position_ids", "use_cache", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+                     "cu_seq_lens_cpu", "output_attentions", "cache_position", "past_key_values", "past_key_value",
+                     "layer_idx", "attention_type"})
+
+
+class UnsupportedAttention(RuntimeError):
+    """A layer asked for an attention feature ``critic_packed`` does not reproduce."""
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What one attention call asks for beyond plain causal attention."""
+
+    window: int | None = None
+    softcap: float | None = None
+    sinks: torch.Tensor | None = None   # [Hq] extra logit per head
+    dropout: float = 0.0
+
+    @classmethod
+    def of(cls, module, sliding_window=None, softcap=None, s_aux=None, dropout=0.0, is_causal=True,
+           **kwargs) -> "Extras":
+        unknown = sorted(k for k, v in kwargs.items() if k not in PASSIVE and v is not None and v is not False)
+        if is_causal is False:
+            unknown.append("is_causal=False")
+        if unknown:
+            raise UnsupportedAttention(f"{type(module).__name__} passes {', '.join(unknown)}")
+        p = float(dropout) if module.training else 0.0
+        return cls(int(sliding_window) if sliding_window else None, float(softcap) if softcap else None, s_aux, p)
+
 
 @lru_cache(maxsize=1)
 def _varlen():
-    """(varlen_attn, kwargs that make it causal with GQA) or None when torch lacks it."""
+    """(varlen_attn, kwargs that make it causal, has window_size, has enable_gqa) or None."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     params = inspect.signature(varlen_attn).parameters
-    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
-    return varlen_attn, causal, "enable_gqa" in params
+    has_window = "window_size" in params
+    causal = {"window_size": (-1, 0)} if has_window else {"is_causal": True}
+    return varlen_attn, causal, has_window, "enable_gqa" in params
+
+
+KERNELS = {"varlen": "torch varlen (FlashAttention)", "sdpa": "per-rollout SDPA", "math": "per-rollout eager formula"}
+
+
+def _varlen_has_window() -> bool:
+    v = _varlen()
+    return v is not None and v[2]
+
+
+def kernel_for(device: torch.device, dtype: torch.dtype, x: Extras) -> str:
+    """The kernel ``critic_packed`` uses for one layer's call: varlen, sdpa or math."""
+    if x.softcap is not None or x.sinks is not None:
+        return "math"
+    if (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen() is not None
+            and x.dropout == 0 and (x.window is None or _varlen_has_window())):
+        return "varlen"
+    return "sdpa"
 
 
 def backend_for(device: torch.device, dtype: torch.dtype) -> str:
-    """The kernel ``critic_packed`` uses for activations of ``dtype`` on ``device``."""
-    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen() is not None:
-        return "varlen"
-    return "per_sequence"
+    """The kernel for plain causal layers (no extras) on ``device`` with ``dtype``."""
+    return kernel_for(device, dtype, Extras())
 
 
-def packed_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def packed_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
     """transformers attention function. query [B, Hq, T, D], key/value [B, Hkv, T, D] ->
     ([B, T, Hq, D], None)."""
+    x = Extras.of(module, **kwargs)
+    if _RECORDING is not None:
+        _RECORDING.append((x, scaling, query.shape[-1]))
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is None or query.shape[0] != 1:  # not packed: plain causal attention per row
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                             enable_gqa=key.shape[1] != query.shape[1])
-        return out.transpose(1, 2).contiguous(), None
-    if backend_for(query.device, query.dtype) == "varlen":
-        return _varlen_forward(query, key, value, cu, kwargs["max_length_q"], scaling), None
+    if cu is None or query.shape[0] != 1:  # not packed: each row is one causal sequence (right padding)
+        return _attend(query, key, value, scaling, x).transpose(1, 2).contiguous(), None
+    kernel = kernel_for(query.device, query.dtype, x)
+    if kernel == "varlen":
+        return _varlen_forward(query, key, value, cu, kwargs["max_length_q"], scaling, x.window), None
     bounds = kwargs.get("cu_seq_lens_cpu")
     bounds = bounds if bounds is not None else cu.tolist()  # host sync only if the CPU copy is missing
-    return _per_sequence(query, key, value, bounds, scaling), None
+    return _per_sequence(query, key, value, bounds, scaling, x), None
 
 
 @torch.compiler.disable  # a Python loop over rollouts: under torch.compile, a graph break, not a recompile
-def _per_sequence(query, key, value, bounds: list[int], scaling) -> torch.Tensor:
-    outs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
-                                           scale=scaling, enable_gqa=key.shape[1] != query.shape[1])
+def _per_sequence(query, key, value, bounds: list[int], scaling, x: Extras) -> torch.Tensor:
+    outs = [_attend(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], scaling, x)
             for s, e in zip(bounds[:-1], bounds[1:])]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
-def _varlen_forward(query, key, value, cu_seqlens, max_len: int, scaling):
-    varlen_attn, causal, has_gqa = _varlen()
+def _attend(q, k, v, scaling, x: Extras) -> torch.Tensor:
+    """Causal attention of one sequence (or right-padded rows) with its extras:
+    q [B, Hq, L, D], k/v [B, Hkv, L, D] -> [B, Hq, L, D]."""
+    L = q.shape[2]
+    gqa = k.shape[1] != q.shape[1]
+    if x.softcap is None and x.sinks is None:
+        if x.window is None or L <= x.window:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=x.dropout,
+                                                  enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_band(L, x.window, q.device), scale=scaling,
+                                              dropout_p=x.dropout, enable_gqa=gqa)
+    # The eager formula (Gemma 2 softcap, gpt-oss sinks): logits [B, Hq, L, L] in memory.
+    if gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if x.softcap is not None:
+        logits = torch.tanh(logits / x.softcap) * x.softcap
+    allowed = _band(L, x.window, q.device) if x.window is not None else _band(L, L, q.device)
+    logits = logits.masked_fill(~allowed, float("-inf")).float()
+    if x.sinks is not None:  # one more logit per head in each softmax; its probability is dropped
+        sink = x.sinks.float().reshape(1, -1, 1, 1).expand(logits.shape[0], -1, L, 1)
+        probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(logits, dim=-1)
+    probs = F.dropout(probs, p=x.dropout, training=x.dropout > 0).to(v.dtype)
+    return torch.matmul(probs, v)
+
+
+def _band(L: int, window: int, device) -> torch.Tensor:
+    """[L, L] bool: query i may see key j when i - window < j <= i."""
+    i = torch.arange(L, device=device)
+    d = i[:, None] - i[None, :]
+    return (d >= 0) & (d < window)
+
+
+def _varlen_forward(query, key, value, cu_seqlens, max_len: int, scaling, window: int | None):
+    varlen_attn, causal, _, has_gqa = _varlen()
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))        # [T, H, D]
     # Under autocast q and k leave the rotary embedding in fp32; the kernel needs one 16-bit dtype.
     dtype = value.dtype if value.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    extra = dict(causal)
+    extra = {"window_size": (window - 1, 0)} if window is not None else dict(causal)
     if k.shape[1] != q.shape[1]:
         if has_gqa:
             extra["enable_gqa"] = True
@@ -90,6 +199,94 @@ def _varlen_forward(query, key, value, cu_seqlens, max_len: int, scaling):
     cu = cu_seqlens.to(torch.int32)
     out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, **extra)  # [T, Hq, D]
     return out[None]                                                              # [1, T, Hq, D]
+
+
+# ---------------------------------------------------------------------------------------------
+# What a model asks of its attention, found once at start-up
+
+_RECORDING: list | None = None
+
+
+@dataclass
+class AttentionPlan:
+    """The attention extras of every layer of a model, as its forward passes them."""
+
+    layers: int = 0
+    windows: Counter = field(default_factory=Counter)      # window -> layers
+    softcap: set = field(default_factory=set)
+    sinks: int = 0
+    dropout: float = 0.0
+    scalings: set = field(default_factory=set)
+    unsupported: str | None = None
+    extras: list = field(default_factory=list)
+
+    def kernels(self, device: torch.device, dtype: torch.dtype) -> Counter:
+        return Counter(kernel_for(device, dtype, x) for x in self.extras)
+
+    def describe(self, device: torch.device, dtype: torch.dtype) -> str:
+        """One phrase for the start-up line: kernels per layer and the features reproduced."""
+        if self.unsupported:
+            return (f"{NAME} cannot reproduce this model ({self.unsupported}), so transformers' own exact path runs "
+                    "on packed rows (an [N, N] mask per micro-batch: slower)")
+        if not self.layers:
+            return "transformers' own implementation, as configured (model.attn_implementation)"
+        feats = [f"sliding window {w} on {n}/{self.layers} layers" for w, n in sorted(self.windows.items())]
+        if self.softcap:
+            feats.append(f"logit softcap {', '.join(f'{c:g}' for c in sorted(self.softcap))}")
+        if self.sinks:
+            feats.append(f"attention sinks on {self.sinks}/{self.layers} layers")
+        if self.dropout:
+            feats.append(f"dropout {self.dropout:g}")
+        if self.scalings:
+            feats.append(f"softmax scale {', '.join(f'{s:.4g}' for s in sorted(self.scalings))}")
+        ks = self.kernels(device, dtype)
+        kern = ", ".join(f"{KERNELS[k]} on {n}/{self.layers} layers" for k, n in ks.most_common())
+        why = []
+        if ks.get("math"):
+            why.append("softcap and sinks need the exact per-rollout eager formula")
+        if ks.get("sdpa") and device.type == "cuda" and self.windows and not _varlen_has_window():
+            why.append("this torch's varlen has no window_size")
+        return f"{kern}" + (f" ({'; '.join(feats)})" if feats else "") + (f"; {'; '.join(why)}" if why else "")
+
+
+def inspect_model(model) -> AttentionPlan:
+    """Run a 2-token forward (train mode, no grad) and record what each layer passes to
+    ``critic_packed``. A feature we do not reproduce switches the model to transformers'
+    own exact attention (sdpa, else eager) and is named in ``plan.unsupported``."""
+    global _RECORDING
+    plan = AttentionPlan()
+    if getattr(model.config, "_attn_implementation", None) != NAME:
+        return plan
+    was_training = model.training
+    device = next(model.parameters()).device
+    ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+    _RECORDING = []
+    try:
+        with torch.no_grad():
+            model.train()
+            model(input_ids=ids, position_ids=torch.arange(2, device=device)[None], use_cache=False)
+    except UnsupportedAttention as e:
+        plan.unsupported = str(e)
+    finally:
+        recorded, _RECORDING = _RECORDING, None
+        model.train(was_training)
+    for x, scaling, head_dim in recorded:
+        plan.layers += 1
+        plan.extras.append(x)
+        if x.window is not None:
+            plan.windows[x.window] += 1
+        if x.softcap is not None:
+            plan.softcap.add(x.softcap)
+        plan.sinks += x.sinks is not None
+        plan.dropout = max(plan.dropout, x.dropout)
+        if scaling is not None and not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-6):
+            plan.scalings.add(round(float(scaling), 6))  # a custom softmax scale (Gemma 2)
+    if plan.unsupported:
+        fallback = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+        model.set_attn_implementation(fallback)
+        log.warning("attention: %s; using transformers' own %s on packed rows instead (exact; builds an [N, N] "
+                    "mask per micro-batch, slower)", plan.unsupported, fallback)
+    return plan
 
 
 def register() -> str:

@@ -10,7 +10,8 @@ distribution like real RL rollouts (lognormal, median ``--median``, capped at ``
 or the bundled sample's (``--lengths sample``):
 
 - ``baseline``: what a user writes with the HF Trainer: a fixed number of rollouts per batch
-  in random order, dynamic padding to the longest, ``sdpa`` attention with a padding mask,
+  in random order, dynamic padding to the longest, ``sdpa`` attention with a padding mask
+  (``eager`` for families without sdpa, e.g. Gemma 2),
   ``torch.optim.AdamW`` defaults, DataLoader without workers;
 - ``ours``: the training step of ``critic_pretrain.train`` on the real data path: token-budget
   packing without padding, ``critic_packed`` attention (torch varlen on CUDA), fused AdamW on
@@ -41,6 +42,15 @@ import torch
 SHAPES = {
     "tiny": dict(model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768),
+    # windowed attention (Mistral-style, every layer) and Gemma 2 (alternating windows, logit softcap):
+    # windows shorter than most rollouts, so the exact windowed paths are what is timed
+    "tiny-window": dict(model_type="mistral", vocab_size=512, hidden_size=64, intermediate_size=256,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        max_position_embeddings=32768, sliding_window=128),
+    "tiny-gemma2": dict(model_type="gemma2", vocab_size=512, hidden_size=64, intermediate_size=256,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        max_position_embeddings=32768, sliding_window=128, attn_logit_softcapping=50.0,
+                        query_pre_attn_scalar=16, pad_token_id=0),
     "qwen2.5-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
                          num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                          max_position_embeddings=32768, tie_word_embeddings=True),
@@ -210,6 +220,14 @@ def _timed(name, steps, warmup, device, batches, collate, step) -> Result:
     return Result(name, steps, time.perf_counter() - t0, real, padded, attn, wait, _peak_mem(device))
 
 
+def baseline_attention(shape: dict) -> str:
+    """What a plain HF loop gets: ``sdpa``, or ``eager`` for families without it (Gemma 2's softcap)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
+    cls = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING[type(AutoConfig.for_model(**shape))]
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
+
+
 def cpu_pipeline(folder: Path, cache: Path, max_tokens: int) -> dict:
     """Reading + validation + targets (prepare_store), and packing + collation, in tokens/s."""
     from critic_pretrain.config import DataConfig, TargetsConfig
@@ -258,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     median = args.median or (1400 if gpu else 200)
     max_len = min(args.max_len or (8192 if gpu else 1024), max_tokens)
     workers = args.workers if args.workers is not None else (2 if gpu else 0)
-    ckpting = args.gradient_checkpointing if args.gradient_checkpointing is not None else args.shape != "tiny"
+    ckpting = (args.gradient_checkpointing if args.gradient_checkpointing is not None
+               else not args.shape.startswith("tiny"))
     shape = SHAPES[args.shape]
 
     # Enough rollouts for both variants' warmup + timed steps.
@@ -273,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for name in ("baseline", "ours"):
             torch.manual_seed(0)
-            attn = "sdpa" if name == "baseline" else "auto"
+            attn = baseline_attention(shape) if name == "baseline" else "auto"
             model = build_value_model(ModelConfig(config=dict(shape), attn_implementation=attn)).to(device)
             if ckpting:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

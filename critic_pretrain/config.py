@@ -55,8 +55,9 @@ class ModelConfig:
     """Dtype of the weights the optimizer updates (fp32 master weights are the default;
     mixed precision is set by `train.mixed_precision`)."""
     attn_implementation: str = "auto"
-    """Attention kernel. `auto`: our packed attention (torch varlen on CUDA, per-rollout SDPA
-    on CPU); or any transformers name (`sdpa`, `eager`, `flash_attention_2`, ...)."""
+    """Attention kernel. `auto`: our packed attention, exact for each layer's window, softcap,
+    scale and sinks (torch varlen on CUDA, per-rollout SDPA or eager formula on CPU); or any
+    transformers name (`sdpa`, `eager`, `flash_attention_2`, ...)."""
     trust_remote_code: bool = False
     """Allow custom modelling code from `name_or_path`."""
 
@@ -97,7 +98,8 @@ class DataConfig:
     max_tokens: int = 8192
     """Token budget of one micro-batch per device (packed: sum of rollout lengths)."""
     max_length: int | None = None
-    """Longest rollout kept whole; longer ones follow `overlong`. Default: `max_tokens`."""
+    """Longest rollout kept whole; longer ones follow `overlong`. Default: `max_tokens`. Never
+    more than the model supports (`max_position_embeddings` or its RoPE scaling limit)."""
     overlong: Literal["truncate", "skip"] = "truncate"
     """Rollouts longer than `max_length`: keep the first `max_length` tokens (their targets
     still see the whole rollout's rewards), or leave them out. Counted either way."""

@@ -410,11 +410,19 @@ class Layout:
         return self.world * self.grad_accum
 
 
-def effective_lengths(store: RolloutStore, indices: np.ndarray, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(indices kept, their lengths after `overlong` handling)."""
+def max_length_of(data: DataConfig, model_limit: int | None = None) -> int:
+    """The longest rollout kept whole: `data.max_length` (default `data.max_tokens`), and never
+    more than the model's position limit (``model.position_limit``): a longer rollout would
+    train on positions the model never supports."""
     max_len = data.max_length or data.max_tokens
+    return min(max_len, model_limit) if model_limit else max_len
+
+
+def effective_lengths(store: RolloutStore, indices: np.ndarray, max_len: int, overlong: str,
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(indices kept, their lengths after `overlong` handling of rollouts longer than ``max_len``)."""
     lens = store.lengths[indices]
-    if data.overlong == "skip":
+    if overlong == "skip":
         keep = lens <= max_len
         return indices[keep], lens[keep]
     return indices, np.minimum(lens, max_len)
@@ -561,6 +569,9 @@ class TrainData:
     max_length: int
     overlong: int
     """Rollouts longer than max_length (truncated or skipped)."""
+    overlong_policy: str
+    """`data.overlong`: truncate or skip."""
+    model_limit: int | None
     source_weights: np.ndarray
     """Sampling weight of each training source (indexed by the store's `source` column)."""
 
@@ -573,13 +584,16 @@ class TrainData:
         st = self.train.stats
         return (f"{len(self.train_idx)} training rollouts ({len(self.val_idx)} for validation), {st.tokens} tokens, "
                 f"{st.policy_tokens} policy tokens; left out: {st.bad_rows} bad rows, {st.bad_files} bad files, "
-                f"{st.zero_weight_rows} zero-weight rows; {self.overlong} longer than max_length={self.max_length}")
+                f"{st.zero_weight_rows} zero-weight rows; {self.overlong} longer than max_length={self.max_length}"
+                f"{' (the model position limit)' if self.max_length == self.model_limit else ''}: "
+                f"{'truncated' if self.overlong_policy == 'truncate' else 'skipped'}")
 
 
 def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, *, main_first, progress: bool,
-                     ) -> TrainData:
+                     model_limit: int | None = None) -> TrainData:
     """Prepare (or reuse) the stores and split them. ``main_first`` is a context manager that
-    lets rank 0 build the stores before the other ranks read them."""
+    lets rank 0 build the stores before the other ranks read them. ``model_limit``: the
+    model's position limit (caps `max_length`)."""
     with main_first():
         train = prepare_store(data.all_sources(), cache_dir, data, targets, name="train", progress=progress)
         val = prepare_store(data.val, cache_dir, data, targets, name="val") if data.val else train
@@ -589,8 +603,9 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
         train_idx, val_idx = np.arange(len(train)), np.arange(len(val))
     else:
         train_idx, val_idx = split_by_group(train.split_keys(), data.val_fraction)
-    max_length = data.max_length or data.max_tokens
+    max_length = max_length_of(data, model_limit)
     overlong = int((train.lengths[train_idx] > max_length).sum())
-    train_idx, train_len = effective_lengths(train, train_idx, data)
+    train_idx, train_len = effective_lengths(train, train_idx, max_length, data.overlong)
     weights = np.array([s.weight for s in data.all_sources()], dtype=np.float64)
-    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong, weights)
+    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong, data.overlong, model_limit,
+                     weights)

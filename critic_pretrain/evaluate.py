@@ -323,15 +323,24 @@ def evaluate(model: torch.nn.Module, store: RolloutStore, indices: np.ndarray, *
 # ---------------------------------------------------------------------------------------------
 # Evaluating a checkpoint: `critic-pretrain eval`
 
-def load_checkpoint_model(step_dir: Path, cfg, device: torch.device) -> torch.nn.Module:
-    """The value model of ``step_dir`` built from its own HF config (no backbone download),
-    with the run's head settings and attention, weights loaded strictly."""
+def checkpoint_model_config(step_dir: Path, cfg):
+    """(ModelConfig, HF config) of ``step_dir``'s value model, from its own config.json (no
+    backbone download), with the run's head settings and attention."""
     from . import checkpoint as ckpt
-    from .model import build_value_model
+    from .model import build_config
 
     hf_config = json.loads(ckpt.StepPaths(step_dir).hf_config.read_text())
     model_cfg = dataclasses.replace(cfg.model, name_or_path=None, config=hf_config, init_from="backbone")
-    model = build_value_model(model_cfg, init_head=False)
+    return model_cfg, build_config(model_cfg)
+
+
+def load_checkpoint_model(step_dir: Path, cfg, device: torch.device) -> torch.nn.Module:
+    """The value model of ``step_dir``, weights loaded strictly (see ``checkpoint_model_config``)."""
+    from . import checkpoint as ckpt
+    from .model import build_value_model
+
+    model_cfg, hf_config = checkpoint_model_config(step_dir, cfg)
+    model = build_value_model(model_cfg, init_head=False, config=hf_config)
     ckpt.load_weights(model, step_dir)
     return model.to(device).eval()
 
@@ -374,12 +383,14 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     a temporary folder, removed afterwards).
     """
     from .config import load_config
-    from .data import build_train_data, prepare_store
+    from .data import build_train_data, max_length_of, prepare_store
+    from .model import position_limit
 
     step_dir = checked_step_dir(str(step_dir))
     cfg = load_config(step_dir / "config.yaml")
     dev = resolve_device(device)
-    max_length = cfg.data.max_length or cfg.data.max_tokens
+    model_limit = position_limit(checkpoint_model_config(step_dir, cfg)[1])
+    max_length = max_length_of(cfg.data, model_limit)  # as in training
     batch_tokens = batch_tokens or cfg.data.max_tokens
     if batch_tokens < max_length:
         raise UserError(f"--batch-tokens {batch_tokens} is below the run's max_length {max_length}; "
@@ -393,7 +404,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
         else:
             run_cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else step_dir.parent / "data_cache"
             data = build_train_data(cfg.data, cfg.targets, run_cache, main_first=contextlib.nullcontext,
-                                    progress=False)
+                                    progress=False, model_limit=model_limit)
             store, indices, split = data.val, data.val_idx, "validation split of the run"
             if len(indices) == 0:
                 raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "

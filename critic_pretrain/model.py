@@ -12,6 +12,7 @@ that shift, also inside packed batches where each sequence starts at ``position_
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from pathlib import Path
@@ -38,7 +39,11 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
                             "pass a local model folder or a hub id that is in the local cache") from None
         overrides.pop("model_type", None)
         for k, v in overrides.items():
-            setattr(config, k, v)
+            try:
+                setattr(config, k, v)
+            except CONFIG_ERRORS as e:
+                raise UserError(f"model.config.{k}={v!r}: transformers refuses it ({_first_line(e)}); "
+                                "drop or fix that override") from e
     else:
         overrides = dict(overrides)
         model_type = overrides.pop("model_type")
@@ -46,21 +51,97 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
             config = AutoConfig.for_model(model_type, **overrides)
         except ValueError as e:
             raise UserError(f"model.config: {_first_line(e)}; use a transformers model_type such as qwen2 or llama") from None
+        except CONFIG_ERRORS as e:
+            raise UserError(f"model.config: transformers refuses this {model_type!r} config ({_first_line(e)}); "
+                            "fix that field, or start from a real model's config.json") from e
     config.num_labels = 1
     config.id2label, config.label2id = {0: "LABEL_0"}, {"LABEL_0": 0}
     config.classifier_dropout = 0.0  # HF otherwise puts dropout 0.1 in front of the head
     config.token_classification_bias = cfg.head_bias
     config.use_cache = False
+    check_config(config, "model.config" if not cfg.name_or_path else f"model.name_or_path={cfg.name_or_path!r}",
+                 remote_code=cfg.trust_remote_code)
     return config
 
 
-def build_value_model(cfg: ModelConfig, *, init_head: bool = True) -> PreTrainedModel:
+def check_config(config: PretrainedConfig, where: str, remote_code: bool = False) -> None:
+    """Refuse, in one line, a model PPO frameworks cannot load as a critic or that
+    transformers would reject with a traceback."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
+
+    custom = remote_code and "AutoModelForTokenClassification" in (getattr(config, "auto_map", None) or {})
+    if type(config) not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING and not custom:
+        import transformers
+        raise UserError(
+            f"{where}: model_type {config.model_type!r} has no token-classification class in transformers "
+            f"{transformers.__version__}, and NeMo-RL and verl load a critic with AutoModelForTokenClassification, "
+            f"so no PPO run could load this critic; use a family that has one (e.g. {', '.join(SUPPORTED_FAMILIES)}; "
+            "see the README's supported models)")
+    vocab = getattr(config, "vocab_size", None)
+    pad = getattr(config, "pad_token_id", None)
+    if isinstance(vocab, int) and isinstance(pad, int) and not 0 <= pad < vocab:
+        raise UserError(f"{where}: pad_token_id={pad} is not a token of the vocabulary (vocab_size={vocab}), which "
+                        "transformers rejects; set model.config.pad_token_id to an id below vocab_size, or null")
+    if not custom:
+        try:
+            with torch.device("meta"):  # no memory, no weights: what the class looks like
+                probe = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING[type(config)](copy.deepcopy(config))
+        except CONFIG_ERRORS as e:  # transformers' own config checks
+            raise UserError(f"{where}: transformers cannot build {config.model_type!r} from this config "
+                            f"({_first_line(e)}); fix that field, or start from a real model's config.json") from e
+        head = getattr(probe, "score", None)
+        if not isinstance(head, nn.Linear):
+            raise UserError(f"{where}: {type(probe).__name__} names its head differently from 'score' (the name "
+                            f"NeMo-RL's strict loader and verl expect); use a family whose token-classification "
+                            f"class has a 'score' head (e.g. {', '.join(SUPPORTED_FAMILIES)})")
+        if any(getattr(m, "is_causal", True) is False for m in probe.modules()):
+            raise UserError(f"{where}: model_type {config.model_type!r} attends in both directions, so its value of "
+                            "token t would see tokens after t; a critic needs a causal LM backbone (e.g. "
+                            f"{', '.join(SUPPORTED_FAMILIES)})")
+
+
+try:
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # older huggingface_hub: configs are not strict dataclasses
+    StrictDataclassError = ValueError
+
+CONFIG_ERRORS = (ValueError, AssertionError, TypeError, KeyError, AttributeError, NotImplementedError,
+                 StrictDataclassError)
+"""What transformers raises for a config it cannot build a model from (its own validation)."""
+
+SUPPORTED_FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "gemma2", "phi3", "gpt_oss")
+"""Families the test suite proves exact end to end (tests/test_families.py); the README lists them."""
+
+
+def position_limit(config: PretrainedConfig) -> int | None:
+    """The longest rollout the model supports: ``max_position_embeddings``, or what its RoPE
+    scaling extends that to (``factor x original_max_position_embeddings`` for yarn, linear,
+    dynamic, longrope, llama3). None when the config states no limit."""
+    mpe = getattr(config, "max_position_embeddings", None)
+    if not isinstance(mpe, int) or mpe <= 0:
+        return None
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and not ("rope_type" in rope or "type" in rope):  # per layer type (Gemma 3 style)
+        rope = next((r for r in rope.values() if isinstance(r, dict) and r.get("factor")), {})
+    kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if kind in ("yarn", "linear", "dynamic", "longrope", "llama3") and factor:
+        original = rope.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None) or mpe
+        return max(mpe, int(float(factor) * int(original)))
+    return mpe
+
+
+def build_value_model(cfg: ModelConfig, *, init_head: bool = True, config: PretrainedConfig | None = None,
+                      ) -> PreTrainedModel:
     """Instantiate the value model (random init, pretrained backbone, or reward model).
 
     ``init_head=False`` keeps whatever head the weights had (used when a checkpoint's
-    weights will be loaded over it anyway).
+    weights will be loaded over it anyway). ``config``: ``build_config(cfg)`` when the
+    caller already has it. The model's ``attention_plan`` says what its layers ask of
+    attention and which kernels reproduce it (``attention.inspect_model``).
     """
-    config = build_config(cfg)
+    config = config if config is not None else build_config(cfg)
     dtype = getattr(torch, cfg.dtype)
     attn = attention.resolve(cfg.attn_implementation)
     kwargs = dict(config=config, dtype=dtype, attn_implementation=attn, trust_remote_code=cfg.trust_remote_code)
@@ -68,8 +149,8 @@ def build_value_model(cfg: ModelConfig, *, init_head: bool = True) -> PreTrained
         try:
             model, info = AutoModelForTokenClassification.from_pretrained(
                 cfg.name_or_path, output_loading_info=True, **kwargs)
-        except (OSError, ValueError) as e:
-            raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot load weights ({_first_line(e)})") from None
+        except (OSError, ValueError, AssertionError) as e:
+            raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot load weights ({_first_line(e)})") from e
         missing = set(info.get("missing_keys", ()))
         backbone_missing = sorted(k for k in missing if not k.startswith("score."))
         if backbone_missing:
@@ -85,12 +166,68 @@ def build_value_model(cfg: ModelConfig, *, init_head: bool = True) -> PreTrained
                 nn.init.zeros_(model.score.bias)
                 init_head = False
     else:
-        model = AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn,
-                                                           trust_remote_code=cfg.trust_remote_code)
+        try:
+            model = AutoModelForTokenClassification.from_config(config, dtype=dtype, attn_implementation=attn,
+                                                               trust_remote_code=cfg.trust_remote_code)
+        except CONFIG_ERRORS as e:  # transformers' own config checks
+            raise UserError(f"model.config: transformers cannot build {config.model_type!r} from it "
+                            f"({_first_line(e)}); fix that field, or start from a real model's config.json") from e
     _set_head_bias(model, cfg.head_bias)
     if init_head:
         init_value_head(model, cfg.head_init, cfg.head_std)
+    model.attention_plan = attention.inspect_model(model)
+    model.packing = "packed"
+    if config.model_type not in SUPPORTED_FAMILIES:
+        check_packing(model)
     return model
+
+
+def check_packing(model: PreTrainedModel) -> None:
+    """For a family outside the tested matrix: compare packed values with the consumer's view
+    (eager attention, one rollout at a time) on two short random rollouts. A family that
+    mixes rollouts in a packed row (positions or state computed over the row) trains on
+    right-padded rows instead (exact, slower); if that differs too, refuse.
+
+    Costs two forwards of about 40 tokens on the model's current device, once."""
+    lens = [23, 17]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, min(int(model.config.vocab_size), 1000), (1, sum(lens)), generator=g)
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    device = next(model.parameters()).device
+    ids, pos = ids.to(device), pos.to(device)
+    was_training, impl = model.training, model.config._attn_implementation
+    model.eval()
+    try:
+        with torch.no_grad():
+            model.set_attn_implementation("eager")  # the consumer's view, on the same weights
+            truth = torch.cat([token_values(model, ids[:, s:e], pos[:, s:e])[0]
+                               for s, e in zip([0, lens[0]], [lens[0], sum(lens)])])
+            model.set_attn_implementation(impl)
+            tol = 1e-4 * max(1.0, float(truth.abs().max()))
+            found = []
+            for mode in ("packed", "padded"):
+                model.packing = mode
+                try:
+                    diff = float((token_values(model, ids, pos, seq_lens=seq_lens)[0] - truth).abs().max())
+                except Exception as e:  # e.g. a linear-attention layer that refuses packed rows
+                    found.append(f"{mode}: {_first_line(e)}")
+                    continue
+                if diff <= tol:
+                    break
+                found.append(f"{mode}: max |diff| {diff:.3g}")
+            else:
+                raise UserError(f"model_type {model.config.model_type!r}: our values differ from transformers' eager "
+                                f"attention on the same weights ({'; '.join(found)}), so a PPO run would load a "
+                                f"different critic; use a tested family ({', '.join(SUPPORTED_FAMILIES)})")
+    finally:
+        model.set_attn_implementation(impl)
+        model.train(was_training)
+    model.packing_note = (f"model_type {model.config.model_type!r} is outside the tested families: checked at start-up "
+                          f"against eager attention one rollout at a time ({mode} rows, max |diff| {diff:.2g})"
+                          + (f"; packed rows differ ({found[0]}), so micro-batches run as right-padded rows" if found
+                             else ""))
+    log.warning("%s", model.packing_note)
 
 
 def _set_head_bias(model: PreTrainedModel, bias: bool) -> None:
@@ -143,6 +280,8 @@ def token_values(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.
     without an [N, N] mask. Padded input: right padding with ``attention_mask``.
     """
     kwargs = {}
+    if seq_lens is not None and getattr(_raw(model), "packing", "packed") == "padded":
+        return _padded_values(model, input_ids, seq_lens)
     if seq_lens is not None and _attn_impl(model) in (attention.NAME, "flash_attention_2", "flash_attention_3"):
         kwargs = attention.packed_kwargs(seq_lens, input_ids.device)
         if _attn_impl(model) != attention.NAME:
@@ -152,8 +291,28 @@ def token_values(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.
     return shift_values(out.logits.squeeze(-1).float(), position_ids)
 
 
+def _padded_values(model: nn.Module, input_ids: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Values [1, N] of a packed row computed as k right-padded rows [k, max_len] (for families
+    that mix rollouts inside a packed row). ``seq_lens`` [k] on the host: no sync."""
+    lens = seq_lens.tolist()
+    k, width = len(lens), max(lens)
+    device = input_ids.device
+    valid = torch.arange(width)[None, :] < seq_lens.long()[:, None]            # [k, width] host
+    where = valid.to(device, non_blocking=True)
+    padded = torch.zeros(k, width, dtype=input_ids.dtype, device=device)
+    padded[where] = input_ids[0]
+    pos = torch.arange(width, device=device).expand(k, width)
+    values = token_values(model, padded, pos, attention_mask=where.long())      # [k, width]
+    return values[where][None]                                                  # [1, N]
+
+
+def _raw(model: nn.Module) -> nn.Module:
+    """The model inside a DDP/accelerate wrapper."""
+    return getattr(model, "module", model)
+
+
 def _attn_impl(model: nn.Module) -> str:
-    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    config = getattr(model, "config", None) or getattr(_raw(model), "config", None)
     return getattr(config, "_attn_implementation", "") or ""
 
 
@@ -166,8 +325,12 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+    """The message of ``e`` on one line (a heading ending in ':' keeps its first detail)."""
+    text = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not text:
+        return type(e).__name__
+    line = f"{text[0]} {text[1]}" if text[0].endswith(":") and len(text) > 1 else text[0]
+    return line[:240]
 
 
 def write_value_config(config: PretrainedConfig, path: str | Path, architecture: str | None = None) -> None:

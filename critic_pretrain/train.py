@@ -36,7 +36,8 @@ from critic_pretrain.data import (Layout, TrainData, build_train_data, file_mani
 from critic_pretrain.errors import USER_ERRORS, UserError
 from critic_pretrain.evaluate import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, summarize, value_sums
-from critic_pretrain.model import build_value_model, count_parameters, set_head_bias_value, token_values
+from critic_pretrain.model import (build_config, build_value_model, count_parameters, position_limit,
+                                   set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, scheduler_metadata
 
 log = logging.getLogger("critic_pretrain")
@@ -160,23 +161,27 @@ def setup(cfg: Config) -> Run:
     set_seed(cfg.seed)
 
     # ---- data ---------------------------------------------------------------------------------
+    hf_config = build_config(cfg.model)  # before the data: a model we cannot train fails in seconds
     data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or out / "data_cache"),
-                            main_first=accelerator.main_process_first, progress=is_main and cfg.train.progress)
-    log.info("data: %s (%s)", data.describe(), cfg.data.overlong)
+                            main_first=accelerator.main_process_first, progress=is_main and cfg.train.progress,
+                            model_limit=position_limit(hf_config))
+    log.info("data: %s", data.describe())
     if not plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
                         f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
 
     # ---- model --------------------------------------------------------------------------------
-    model = build_value_model(cfg.model, init_head=resume_dir is None)
+    model = build_value_model(cfg.model, init_head=resume_dir is None, config=hf_config)
     if resume_dir is None and cfg.model.bias_init == "mean_target" and cfg.model.init_from == "backbone":
         set_head_bias_value(model, data.train.stats.mean_target)
     if cfg.train.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     n = count_parameters(model)
-    log.info("value model %s: %.2fM parameters (%.2fM without embeddings), attention %s, mixed precision %s, "
-             "%d process(es)", type(model).__name__, n["total"] / 1e6, n["matmul"] / 1e6,
-             model.config._attn_implementation, mp, layout.world)
+    compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mp, getattr(torch, cfg.model.dtype))
+    log.info("value model %s: %.2fM parameters (%.2fM without embeddings), mixed precision %s, %d process(es)",
+             type(model).__name__, n["total"] / 1e6, n["matmul"] / 1e6, mp, layout.world)
+    log.info("attention %s: %s", model.config._attn_implementation,
+             model.attention_plan.describe(accelerator.device, compute_dtype))
 
     # ---- optimizer ----------------------------------------------------------------------------
     optimizer = build_optimizer(model, cfg.optim, accelerator.device)

@@ -8,7 +8,7 @@ import torch
 
 from conftest import ROOT, TINY_MODEL, toy_rows
 from critic_pretrain.config import DataConfig, ModelConfig, TargetsConfig, load_config
-from critic_pretrain.data import (Layout, RolloutStore, collate_packed, effective_lengths, pack, plan_epoch,
+from critic_pretrain.data import (Layout, RolloutStore, collate_packed, effective_lengths, max_length_of, pack, plan_epoch,
                                   prepare_store, split_by_group, step_batches)
 from rollouts import RolloutError, write_rows
 
@@ -121,9 +121,12 @@ def test_overlong_truncate_or_skip(rows_dir, tmp_path):
     idx = np.arange(len(store))
     longest = int(store.lengths.max())
     cut = longest - 3
-    kept, lens = effective_lengths(store, idx, DataConfig(train=["x"], max_tokens=512, max_length=cut))
+    data = DataConfig(train=["x"], max_tokens=512, max_length=cut)
+    assert max_length_of(data) == cut and max_length_of(data, model_limit=cut - 1) == cut - 1
+    assert max_length_of(DataConfig(train=["x"], max_tokens=512), model_limit=4096) == 512
+    kept, lens = effective_lengths(store, idx, max_length_of(data), "truncate")
     assert len(kept) == len(idx) and lens.max() == cut
-    kept, _ = effective_lengths(store, idx, DataConfig(train=["x"], max_tokens=512, max_length=cut, overlong="skip"))
+    kept, _ = effective_lengths(store, idx, cut, "skip")
     assert len(kept) == int((store.lengths <= cut).sum())
     row = int(np.argmax(store.lengths))
     mb = collate_packed(store, np.array([row]), cut)

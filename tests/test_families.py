@@ -1,0 +1,262 @@
+"""Every model family trains the function its PPO run executes.
+
+For each family (tiny random config, windows shorter than the rollouts, softcap, sinks,
+custom softmax scale), end to end through our own entry points:
+
+- train 2 steps, then our packed values (attention ``critic_packed``) equal plain
+  transformers' *eager* attention on each rollout alone, loaded from the `hf` export
+  (verl's loader, AutoModelForTokenClassification);
+- ``critic-pretrain eval`` on a rollout file reports the value mean and explained
+  variance that the eager computation gives (targets: with gamma = lam = 1 every policy
+  token's target is the outcome reward).
+
+A guard shows the rollouts exercise each feature: dropping the window, softcap and sinks
+changes our values, so a packed path that ignored them would fail here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForTokenClassification
+
+from conftest import TINY_MODEL, tiny_overrides, toy_rows
+from critic_pretrain import attention
+from critic_pretrain.config import ModelConfig, load_config
+from critic_pretrain.errors import UserError
+from critic_pretrain.model import SUPPORTED_FAMILIES, build_config, build_value_model, position_limit, token_values
+
+W = 12  # sliding window: most toy rollouts are 2-5x longer
+SMALL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 512,
+         "pad_token_id": 0, "tie_word_embeddings": False}
+
+FAMILIES = {
+    # Qwen2 / Qwen2.5: the second layer is windowed (max_window_layers=1)
+    "qwen2": {**SMALL, "model_type": "qwen2", "use_sliding_window": True, "sliding_window": W, "max_window_layers": 1},
+    "qwen3": {**SMALL, "model_type": "qwen3", "use_sliding_window": True, "sliding_window": W, "max_window_layers": 1},
+    "qwen3_moe": {**SMALL, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 16, "use_sliding_window": True, "sliding_window": W},
+    "llama": {**SMALL, "model_type": "llama",  # Llama 3: llama3 RoPE scaling
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64,
+                               "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+    "mistral": {**SMALL, "model_type": "mistral", "sliding_window": W},
+    # Gemma 2: alternating windowed / global layers, logit softcap (small, so it bites), custom scale
+    "gemma2": {**SMALL, "model_type": "gemma2", "sliding_window": W, "attn_logit_softcapping": 0.5,
+               "query_pre_attn_scalar": 20},
+    "phi3": {**SMALL, "model_type": "phi3", "sliding_window": W},
+    # gpt-oss: attention sinks on every layer, alternating windows, MoE
+    "gpt_oss": {**SMALL, "model_type": "gpt_oss", "sliding_window": W, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    # outside SUPPORTED_FAMILIES: StableLM computes positions across a packed row, so the
+    # start-up check switches it to right-padded rows (exact, slower)
+    "stablelm": {**SMALL, "model_type": "stablelm"},
+}
+FEATURES = {"qwen2": "window", "qwen3": "window", "qwen3_moe": "window", "mistral": "window", "phi3": "window",
+            "gemma2": "window+softcap+scale", "gpt_oss": "window+sinks"}
+
+
+def test_matrix_covers_every_supported_family():
+    assert set(SUPPORTED_FAMILIES) <= set(FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    r = toy_rows(24, seed=11)  # rollouts no run trained on
+    assert max(len(x["input_ids"]) for x in r) > 3 * W
+    return r
+
+
+@pytest.fixture(scope="module")
+def rows_file(rows, tmp_path_factory) -> Path:
+    from rollouts import write_rows
+    d = tmp_path_factory.mktemp("family_rows")
+    write_rows(d, rows)
+    return d
+
+
+def packed(rows: list[dict]):
+    lens = [len(r["input_ids"]) for r in rows]
+    ids = torch.tensor([t for r in rows for t in r["input_ids"]])[None]
+    pos = torch.cat([torch.arange(n) for n in lens])[None]
+    return ids, pos, torch.tensor(lens, dtype=torch.int32)
+
+
+def eager_values(folder: Path, rows: list[dict]) -> list[np.ndarray]:
+    """The consumer's view: the exported folder in plain transformers, eager attention, one
+    rollout at a time (no packing, no padding), value[t] = head(h[t-1]), value[0] = 0."""
+    model = AutoModelForTokenClassification.from_pretrained(folder, attn_implementation="eager").eval()
+    out = []
+    with torch.no_grad():
+        for r in rows:
+            logits = model(input_ids=torch.tensor([r["input_ids"]])).logits[0, :, 0].double()
+            out.append(np.concatenate([[0.0], logits[:-1].numpy()]))
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_trains_what_ppo_runs(family, toy_data, rows, rows_file, tmp_path, monkeypatch):
+    from critic_pretrain.evaluate import evaluate_checkpoint
+    from critic_pretrain.export import export
+    from critic_pretrain.train import main as train_main
+
+    over = tiny_overrides(tmp_path / "run", toy_data, **{"train.max_steps": 2, "checkpoint.save_every": 2,
+                                                        "model.head_std": 1.0, "optim.lr": 1e-3})
+    over = [o for o in over if not o.startswith("model.config=")] + [f"model.config={json.dumps(FAMILIES[family])}"]
+    assert train_main(over) == 0
+    step = tmp_path / "run" / "step_2"
+    hf = export(step, "hf", tmp_path / "hf").out
+    truth = eager_values(hf, rows)
+
+    # our packed forward, built and loaded as training and eval build it
+    cfg = load_config(step / "config.yaml")
+    from critic_pretrain import checkpoint as ckpt
+    model = build_value_model(cfg.model, init_head=False).eval()
+    ckpt.load_weights(model, step)
+    ids, pos, seq_lens = packed(rows)
+    with torch.no_grad():
+        ours = token_values(model, ids, pos, seq_lens=seq_lens)[0].double().numpy()
+    want = np.concatenate(truth)
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
+    if family in SUPPORTED_FAMILIES:
+        assert model.config._attn_implementation == attention.NAME and model.packing == "packed"
+    else:
+        assert model.packing == "padded"
+
+    # eval reports what the eager computation gives
+    report = evaluate_checkpoint(step, [str(rows_file)], cache_dir=tmp_path / "eval_cache")
+    mask = np.concatenate([np.array(r["loss_mask"], bool) for r in rows])
+    target = np.concatenate([np.full(len(r["input_ids"]), r["reward"]) for r in rows])[mask]
+    value = want[mask]
+    ev = 1 - np.var(target - value) / np.var(target)
+    assert report["metrics"]["eval/value_mean"] == pytest.approx(value.mean(), rel=1e-5, abs=1e-5)
+    assert report["metrics"]["eval/explained_variance"] == pytest.approx(ev, rel=1e-5, abs=1e-5)
+
+    # guard: the rollouts exercise the family's features (ignoring them changes the values)
+    if family in FEATURES:
+        plain = attention.Extras.of
+        monkeypatch.setattr(attention.Extras, "of", classmethod(
+            lambda cls, module, **kw: plain(module, **{k: v for k, v in kw.items()
+                                                       if k not in ("sliding_window", "softcap", "s_aux")})))
+        with torch.no_grad():
+            ignored = token_values(model, ids, pos, seq_lens=seq_lens)[0].double().numpy()
+        assert np.abs(ignored - want).max() > 1e-3 * max(1.0, np.abs(want).max())
+
+
+def test_unknown_attention_feature_falls_back_to_an_exact_path(monkeypatch, rows, caplog):
+    """A layer passing something critic_packed does not know: transformers' own sdpa on the
+    packed row, still equal to eager one rollout at a time."""
+    monkeypatch.setattr(attention, "PASSIVE", attention.PASSIVE - {"position_ids"})  # pretend it is unknown
+    torch.manual_seed(0)
+    model = build_value_model(ModelConfig(config=FAMILIES["mistral"], head_std=1.0)).eval()
+    assert model.config._attn_implementation == "sdpa"
+    assert "passes position_ids" in model.attention_plan.unsupported
+    assert "cannot reproduce" in model.attention_plan.describe(torch.device("cpu"), torch.float32)
+    ids, pos, seq_lens = packed(rows[:6])
+    eager = build_value_model(ModelConfig(config=FAMILIES["mistral"], attn_implementation="eager"))
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        got = token_values(model, ids, pos, seq_lens=seq_lens)[0]
+        want = torch.cat([token_values(eager.eval(), ids[:, s:e], pos[:, s:e])[0] for s, e in
+                          zip([0, *seq_lens.cumsum(0)[:-1].tolist()], seq_lens.cumsum(0).tolist())])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_startup_line_names_kernels_and_features():
+    model = build_value_model(ModelConfig(config=FAMILIES["gemma2"]))
+    line = model.attention_plan.describe(torch.device("cpu"), torch.float32)
+    assert "per-rollout eager formula on 2/2 layers" in line
+    assert f"sliding window {W} on 1/2 layers" in line and "logit softcap 0.5" in line
+    assert "softmax scale 0.2236" in line  # 20 ** -0.5, not head_dim ** -0.5
+    cuda = build_value_model(ModelConfig(config=FAMILIES["mistral"])).attention_plan.kernels(
+        torch.device("cuda"), torch.bfloat16)
+    expect = "varlen" if attention._varlen() is not None and attention._varlen_has_window() else "sdpa"
+    assert cuda == {expect: 2}
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"model_type": "gemma3_text"}, "no token-classification class"),
+    ({"model_type": "olmo2"}, "no token-classification class"),
+    ({**SMALL, "model_type": "qwen2", "pad_token_id": 64}, "pad_token_id=64 is not a token of the vocabulary"),
+    ({**SMALL, "model_type": "phi3", "pad_token_id": 32000}, "pad_token_id=32000"),
+    ({**SMALL, "model_type": "gpt2"}, "names its head differently from 'score'"),
+    ({**SMALL, "model_type": "openai_privacy_filter"}, "attends in both directions"),
+    ({"model_type": "funnel", "num_hidden_layers": 3}, "transformers refuses this 'funnel' config"),
+])
+def test_models_we_cannot_train_fail_in_one_line(config, match):
+    with pytest.raises(UserError, match=match) as e:
+        build_config(ModelConfig(config=config))
+    assert "\n" not in str(e.value)
+
+
+def test_train_cli_refuses_in_one_line(toy_data, tmp_path, capsys):
+    from critic_pretrain.cli import main as cli_main
+    over = [o for o in tiny_overrides(tmp_path, toy_data) if not o.startswith("model.config=")]
+    assert cli_main(["train", *over, 'model.config={"model_type": "gemma3_text"}']) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "gemma3_text" in errors[0] and "Traceback" not in err
+    assert not (tmp_path / "data_cache").exists()  # refused before any data work
+
+
+@pytest.mark.parametrize("extra, limit", [
+    ({}, 512),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}}, 2048),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+      "original_max_position_embeddings": 256, "low_freq_factor": 1.0, "high_freq_factor": 4.0}}, 4096),
+])
+def test_position_limit(extra, limit):
+    assert position_limit(build_config(ModelConfig(config={**TINY_MODEL, **extra}))) == limit
+
+
+@pytest.mark.parametrize("policy", ["truncate", "skip"])
+def test_rollouts_longer_than_the_model_follow_overlong(policy, toy_data, tmp_path, capsys):
+    """max_position_embeddings 24 < data.max_tokens: the model's limit caps max_length."""
+    from critic_pretrain.train import main as train_main
+    over = [o for o in tiny_overrides(tmp_path, toy_data, **{"train.max_steps": 1, "data.overlong": policy})
+            if not o.startswith("model.config=")]
+    assert train_main([*over, f"model.config={json.dumps({**TINY_MODEL, 'max_position_embeddings': 24})}"]) == 0
+    line = next(line for line in capsys.readouterr().err.splitlines() if " INFO data: " in line)
+    assert "longer than max_length=24 (the model position limit)" in line
+    assert ("truncated" if policy == "truncate" else "skipped") in line
+    counted = int(line.split(" longer than max_length")[0].rsplit(" ", 1)[1])
+    assert counted > 10  # most toy rollouts are longer than 24 tokens
+
+    from critic_pretrain.data import build_train_data
+    cfg = load_config(tmp_path / "config.yaml")
+    data = build_train_data(cfg.data, cfg.targets, tmp_path / "data_cache", main_first=contextlib.nullcontext,
+                            progress=False, model_limit=24)
+    assert data.overlong == counted and data.train_len.max() <= 24
+    if policy == "skip":
+        assert data.train.lengths[data.train_idx].max() <= 24
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "gemma2", "gpt_oss"])
+def test_cuda_kernels_match_eager(family):
+    """bf16 on CUDA: varlen with window_size (Mistral, Qwen2) and the per-rollout eager formula
+    (Gemma 2 softcap, gpt-oss sinks) against eager attention one rollout at a time."""
+    import copy
+    torch.manual_seed(0)
+    config = {**FAMILIES[family], "sliding_window": 64}
+    model = build_value_model(ModelConfig(config=config, head_std=1.0)).cuda().eval()
+    ref = AutoModelForTokenClassification.from_config(copy.deepcopy(model.config), attn_implementation="eager")
+    ref.load_state_dict(model.state_dict())
+    ref = ref.cuda().eval()
+    lens = [300, 900, 64, 17]
+    ids = torch.randint(1, 64, (1, sum(lens)), device="cuda")
+    pos = torch.cat([torch.arange(n) for n in lens])[None].cuda()
+    bounds = torch.tensor([0, *lens]).cumsum(0).tolist()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        ours = token_values(model, ids, pos, seq_lens=torch.tensor(lens, dtype=torch.int32))[0]
+        want = torch.cat([token_values(ref, ids[:, s:e], pos[:, s:e])[0] for s, e in zip(bounds[:-1], bounds[1:])])
+    kernels = model.attention_plan.kernels(torch.device("cuda"), torch.bfloat16)
+    print(family, dict(kernels), "max |diff|", float((ours - want).abs().max()), "max |value|",
+          float(want.abs().max()))
+    torch.testing.assert_close(ours, want, rtol=2e-2, atol=2e-2 * max(1.0, float(want.abs().max())))
