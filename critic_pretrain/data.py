@@ -571,7 +571,8 @@ class TrainData:
     """Rollouts longer than max_length (truncated or skipped)."""
     overlong_policy: str
     """`data.overlong`: truncate or skip."""
-    model_limit: int | None
+    capped_by_model: bool
+    """max_length is the model's position limit, below `data.max_length` / `data.max_tokens`."""
     source_weights: np.ndarray
     """Sampling weight of each training source (indexed by the store's `source` column)."""
 
@@ -585,7 +586,7 @@ class TrainData:
         return (f"{len(self.train_idx)} training rollouts ({len(self.val_idx)} for validation), {st.tokens} tokens, "
                 f"{st.policy_tokens} policy tokens; left out: {st.bad_rows} bad rows, {st.bad_files} bad files, "
                 f"{st.zero_weight_rows} zero-weight rows; {self.overlong} longer than max_length={self.max_length}"
-                f"{' (the model position limit)' if self.max_length == self.model_limit else ''}: "
+                f"{' (the model position limit)' if self.capped_by_model else ''}: "
                 f"{'truncated' if self.overlong_policy == 'truncate' else 'skipped'}")
 
 
@@ -607,5 +608,5 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
     overlong = int((train.lengths[train_idx] > max_length).sum())
     train_idx, train_len = effective_lengths(train, train_idx, max_length, data.overlong)
     weights = np.array([s.weight for s in data.all_sources()], dtype=np.float64)
-    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong, data.overlong, model_limit,
-                     weights)
+    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong, data.overlong,
+                     max_length < max_length_of(data), weights)
