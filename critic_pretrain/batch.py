@@ -467,10 +467,12 @@ def classify(job: Job, rc: int, received: int | None) -> str:
         return DONE
     if received is not None:
         return INTERRUPTED if received == signal.SIGINT else PREEMPTED
-    if rc == 0:
-        # Unfinished but exited cleanly: train.py does that only when it was signalled itself
-        # (SLURM signals every process of a job on preemption). Stop like a preempted batch.
+    if rc in (0, EXIT_PREEMPTED):
+        # Unfinished and saved: train.py exits 75 when it was signalled itself (SLURM signals
+        # every process of a job on preemption), a launcher may report 0. Stop like a preempted batch.
         return PREEMPTED
+    if rc == 130:  # Ctrl-C reached the job (the terminal signals the whole process group)
+        return INTERRUPTED
     return FAILED
 
 

@@ -100,6 +100,51 @@ class StepPaths:
 
 
 # ---------------------------------------------------------------------------------------------
+# The run folder
+
+LOCK = ".lock"
+
+
+def lock_output_dir(out: Path):
+    """Create ``out`` and take an exclusive advisory lock on ``out/.lock`` for this process's
+    life (the OS releases it on any exit, kill -9 included). Returns the open lock file; a
+    second run on the same folder gets a one-line UserError naming the holder."""
+    import fcntl
+    import socket
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fh = open(out / LOCK, "a+")
+    except OSError as e:
+        raise UserError(f"output_dir={out}: cannot create or write it ({e.strerror or e}"
+                        f"{': ' + str(e.filename) if e.filename else ''}); pick a writable folder") from None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise UserError(f"output_dir={out} is in use by {holder}; wait for it to finish (or stop it), "
+                        "or use another output_dir") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    fh.flush()
+    return fh
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``path`` via a temporary file and rename: readers see the old or the new file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"cannot write {path} ({e.strerror or e}); free space or fix the folder's "
+                        "permissions, then re-run") from None
+
+
+# ---------------------------------------------------------------------------------------------
 # Finding checkpoints
 
 def step_number(path: Path) -> int | None:

@@ -199,6 +199,10 @@ class TrainConfig:
     tensorboard package is installed)."""
     stop_when: StopConfig = field(default_factory=StopConfig)
     """Optional early stop on a validation metric; the run saves a final checkpoint."""
+    allow_config_changes: list[str] = field(default_factory=list)
+    """Keys (or sections, e.g. `targets`) a resume may change although they define the run
+    (targets, model, optimizer schedule, data split and batching). A resume that changes any
+    other such key stops; accepted changes are recorded in the checkpoint manifests."""
 
 
 @dataclass
@@ -249,6 +253,56 @@ class Config:
 
     def dump(self, path: str | os.PathLike) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+# ---------------------------------------------------------------------------------------------
+# What a resume may not change
+
+# Keys that define what is trained: a resume that changed one would continue a different run
+# under the old run's name (steps trained with gamma 1 reported as gamma 0.9, a schedule
+# stretched mid-way, a different split). Prefixes cover whole sections.
+RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias", "model.dtype", "targets.",
+                "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
+                "optim.warmup_steps", "train.max_steps", "train.grad_accum", "train.grad_clip", "data.sources",
+                "data.val_fraction", "data.max_tokens", "data.max_length", "data.overlong", "data.shuffle",
+                "data.on_bad")
+# data.train / data.val paths are not here: the data manifest compares the files themselves.
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and model.config stay whole values."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key != "model.config":
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _matches(key: str, patterns) -> bool:
+    return any(key == p or key.startswith(p if p.endswith(".") else p + ".") for p in patterns)
+
+
+def run_changes(old: dict, new: Config) -> list[tuple[str, Any, Any]]:
+    """(key, old, new) for every run-defining key that differs between a checkpoint's
+    ``config.yaml`` (``old``, a plain dict) and ``new``. ``train.max_steps`` only counts when
+    the schedule has a horizon (linear or cosine)."""
+    before, after = flatten(old), flatten(new.to_dict())
+    changed = []
+    for key in sorted(before.keys() | after.keys()):
+        a, b = before.get(key), after.get(key)
+        if a == b or not _matches(key, RUN_DEFINING):
+            continue
+        if key == "train.max_steps" and new.optim.schedule == "constant" and before.get("optim.schedule") == "constant":
+            continue
+        changed.append((key, a, b))
+    return changed
+
+
+def refused_changes(changes: list[tuple[str, Any, Any]], allowed: list[str]) -> list[tuple[str, Any, Any]]:
+    return [c for c in changes if not _matches(c[0], allowed)]
 
 
 # ---------------------------------------------------------------------------------------------

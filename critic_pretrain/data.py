@@ -550,7 +550,7 @@ def _ignore_preemption_signals(worker_id: int) -> None:
     """SLURM and torchrun signal every process of the job; a worker killed by SIGTERM would
     crash the trainer, which must instead save and exit. The trainer tears workers down."""
     import signal
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # Ctrl-C reaches the whole process group
         signal.signal(sig, signal.SIG_IGN)
 
 

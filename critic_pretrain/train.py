@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain.config import Config, describe, load_config
+from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
 from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
                                   source_files, step_batches, to_device)
 from critic_pretrain.errors import USER_ERRORS, UserError
@@ -75,6 +75,10 @@ class Run:
     last_val: dict = field(default_factory=dict)
     data_changes: list = field(default_factory=list)
     """Accepted changes of the rollout files across resumes (``data.allow_changes``)."""
+    config_changes: list = field(default_factory=list)
+    """Accepted changes of run-defining settings across resumes (``train.allow_config_changes``)."""
+    lock: Any = None
+    """The open ``output_dir/.lock`` (main process): released when the process exits."""
 
     @property
     def out(self) -> Path:
@@ -84,16 +88,25 @@ class Run:
         return self.accelerator.reduce(t, "sum")
 
 
+EXIT_PREEMPTED = 75
+"""Saved and stopped on SIGTERM / SIGUSR1: re-run (requeue) the same command to continue
+(EX_TEMPFAIL, as ``critic-pretrain batch`` uses it)."""
+EXIT_INTERRUPTED = 130
+"""Saved and stopped on Ctrl-C (SIGINT), or aborted by a second Ctrl-C (128 + SIGINT)."""
+
+
 class Preemption:
-    """SIGTERM / SIGUSR1 (cluster preemption) -> save at the next step boundary and exit.
+    """SIGTERM / SIGUSR1 (cluster preemption) and Ctrl-C -> save at the next step boundary and
+    exit with ``exit_code``. A second Ctrl-C aborts at once (KeyboardInterrupt).
 
     A context manager: the previous handlers come back when training ends.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
         self.requested = False
+        self.exit_code = 0
 
     def __enter__(self) -> "Preemption":
         self._old = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
@@ -104,8 +117,12 @@ class Preemption:
             signal.signal(sig, handler)
 
     def _handle(self, signum, frame):
+        if signum == signal.SIGINT and self.exit_code == EXIT_INTERRUPTED:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now, no save
         self.requested = True
-        log.warning("received %s: will save at the end of this step and exit", signal.Signals(signum).name)
+        self.exit_code = EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED
+        log.warning("received %s: will save at the end of this step and exit%s", signal.Signals(signum).name,
+                    " (Ctrl-C again to abort without saving)" if signum == signal.SIGINT else "")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,16 +140,21 @@ def main(argv: list[str] | None = None) -> int:
         for key, default, doc in describe():
             print(f"{key} = {default}\n    {doc}")
         return 0
-    try:
-        run = setup(load_config(args.config, args.overrides))
-        with Preemption() as preempt:
-            return train_loop(run, preempt)
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with contextlib.ExitStack() as cleanup:  # releases the output_dir lock however we leave
+        try:
+            run = setup(load_config(args.config, args.overrides), cleanup)
+            with Preemption() as preempt:
+                return train_loop(run, preempt)
+        except USER_ERRORS as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("error: interrupted; nothing was saved since the newest step_<n> (re-run the same command "
+                  "to resume from it)", file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
-def setup(cfg: Config) -> Run:
+def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
@@ -146,18 +168,21 @@ def setup(cfg: Config) -> Run:
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
     layout = Layout(accelerator.num_processes, accelerator.process_index, cfg.train.grad_accum)
     out = Path(cfg.output_dir)
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        cfg.dump(out / "config.yaml")
+    lock = ckpt.lock_output_dir(out) if is_main else None  # one run per output_dir, held until exit
+    if lock is not None and cleanup is not None:
+        cleanup.callback(lock.close)
 
     # ---- resume point -------------------------------------------------------------------------
     resume_dir = ckpt.resolve_resume(out, cfg.checkpoint.load_step)
     if resume_dir is not None:
         log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
+        config_changes = check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
         data_changes = check_data_changes(resume_dir, cfg.data)
     else:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
-        data_changes = []
+        config_changes, data_changes = [], []
+    if is_main:
+        ckpt.write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     set_seed(cfg.seed)
 
     # ---- data ---------------------------------------------------------------------------------
@@ -199,7 +224,42 @@ def setup(cfg: Config) -> Run:
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
                          tensorboard_dir=out / "tensorboard" if cfg.train.tensorboard else None)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, _load_tokenizer(cfg), resume_dir,
-               prog, metrics, stop_rule, data_changes=data_changes)
+               prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock)
+
+
+def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
+    """Compare the run-defining keys of ``cfg`` with the config ``step_dir`` was trained with.
+
+    A change stops the run (the checkpoint would continue under settings it was not trained
+    with) unless ``train.allow_config_changes`` names it; then it joins the history recorded
+    in later manifests. Nothing in the output folder is touched before this check.
+    """
+    try:
+        old = yaml.safe_load((step_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(f"{step_dir}/config.yaml cannot be read ({e}); resume from another step "
+                        "(checkpoint.load_step=N) or use a new output_dir") from None
+    manifest = json.loads(ckpt.StepPaths(step_dir).manifest.read_text())
+    history = list(manifest.get("config_changes", []))
+    changes = run_changes(old, cfg)
+    refused = refused_changes(changes, cfg.train.allow_config_changes)
+    if refused:
+        what = "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in refused)
+        keys = ",".join(k for k, _, _ in refused)
+        raise UserError(f"{cfg.output_dir} holds a run trained with other settings ({step_dir.name}): {what}. "
+                        f"Use a new output_dir, or continue this run with the change: "
+                        f"train.allow_config_changes=[{keys}] (recorded in the checkpoint manifests)")
+    if not changes:
+        return history
+    log.warning("resuming with changed settings (train.allow_config_changes): %s",
+                "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in changes))
+    return history + [{"at_step": ckpt.step_number(step_dir),
+                       "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]}]
+
+
+def _short(v) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_data_changes(step_dir: Path, data_cfg) -> list[dict]:
@@ -358,9 +418,9 @@ def train_loop(run: Run, preempt: Preemption) -> int:
                 save(run, prog.step)
             window.t += time.perf_counter() - t_pause
             if stop:
-                log.warning("preempted: saved step_%d; re-run the same command to resume", prog.step)
+                log.warning("stopped by a signal: saved step_%d; re-run the same command to resume", prog.step)
                 run.metrics.close()
-                return 0
+                return preempt.exit_code or EXIT_PREEMPTED  # another rank's signal: this rank got none
             if prog.stopped_early:
                 log.info("stopping early at step %d: %s", prog.step, prog.stopped_early)
                 break
@@ -411,6 +471,7 @@ def save(run: Run, step: int) -> None:
         "data": {"files": run.data.train.files, "train_rows": len(run.data.train_idx),
                  "val_rows": len(run.data.val_idx), "stats": vars(run.data.train.stats),
                  "sources": run.data.train.meta["sources"], "changes": run.data_changes},
+        "config_changes": run.config_changes,
         "world_size": run.layout.world, "versions": ckpt.library_versions(),
     }
     ckpt.save_checkpoint(

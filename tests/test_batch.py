@@ -80,7 +80,7 @@ def test_preempted_batch_exits_75_then_resumes_exactly_then_skips(toy_data, tmp_
     assert batch.main([str(jobs_file)]) == batch.EXIT_PREEMPTED
     watcher.join()
     s = summary(jobs_file)
-    assert s["a"]["status"] == "preempted" and s["a"]["exit_code"] == 0  # it saved and exited cleanly
+    assert s["a"]["status"] == "preempted" and s["a"]["exit_code"] == 75  # it saved: re-run to continue
     stopped_at = s["a"]["final_step"]
     assert 1 <= stopped_at < 40
     assert s["b"]["status"] == "not_started" and not (tmp_path / "b").exists()

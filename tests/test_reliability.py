@@ -97,16 +97,16 @@ def test_changed_archive_stops_resume_unless_allowed(tmp_path, capsys):
     data = tmp_path / "data"
     write_rows(data, toy_rows(120), shard_rows=60)
     out = tmp_path / "run"
-    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 4, "checkpoint.save_every": 2})) == 0
+    steps = {"checkpoint.save_every": 2, "optim.schedule": "constant"}  # max_steps may grow on resume
+    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 4, **steps})) == 0
     shard = sorted(data.glob("*.parquet"))[1]
     pq.write_table(pq.read_table(shard).slice(0, 50), shard)  # rewritten with fewer rows
     write_rows(data / "more", toy_rows(20, seed=9))             # and a new shard
-    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 6, "checkpoint.save_every": 2})) == 2
+    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 6, **steps})) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and "changed since step_4" in err and "1 added" in err and "1 modified" in err
     assert "data.allow_changes=true" in err
-    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 6, "checkpoint.save_every": 2,
-                                                   "data.allow_changes": True})) == 0
+    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 6, **steps, "data.allow_changes": True})) == 0
     changes = json.loads((out / "step_6" / ckpt.MANIFEST).read_text())["data"]["changes"]
     assert changes[0]["at_step"] == 4 and len(changes[0]["added"]) == 1 and len(changes[0]["modified"]) == 1
 

@@ -1,0 +1,155 @@
+"""Re-running the same command is always safe: a changed run is refused, Ctrl-C saves, two
+runs never share an output_dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TINY_MODEL, tiny_overrides
+from critic_pretrain import checkpoint as ckpt
+from critic_pretrain.train import main as train_main
+
+
+def snapshot(out: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of every file under out, the lock file aside."""
+    return {str(f.relative_to(out)): (f.stat().st_size, f.stat().st_mtime_ns)
+            for f in sorted(out.rglob("*")) if f.is_file() and f.name != ckpt.LOCK}
+
+
+@pytest.fixture(scope="module")
+def run4(toy_data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("rerun") / "run"
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 4})) == 0
+    return out
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("change, shown", [
+    ({"targets.gamma": 0.9}, "targets.gamma 1.0 -> 0.9"),
+    ({"targets.reward_scale": 2.0, "targets.reward_shift": -1.0}, "targets.reward_scale 1.0 -> 2.0"),
+    ({"targets.reward_clip": "[0,1]"}, "targets.reward_clip null -> [0.0, 1.0]"),
+    ({"model.config": json.dumps({**TINY_MODEL, "hidden_size": 48})}, "model.config"),
+    ({"train.max_steps": 8}, "train.max_steps 4 -> 8"),           # the cosine horizon moves
+    ({"data.val_fraction": 0.2}, "data.val_fraction 0.1 -> 0.2"),  # the split moves
+])
+def test_resume_refuses_a_changed_run(run4, toy_data, tmp_path, capsys, change, shown):
+    out = copy_run(run4, tmp_path / "run")
+    before = snapshot(out)
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 4, **change})) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and shown in err[0] and "train.allow_config_changes=[" in err[0], err
+    assert "new output_dir" in err[0]
+    assert snapshot(out) == before  # no checkpoint touched, config.yaml not overwritten
+
+
+def test_allowed_change_resumes_and_is_recorded(run4, toy_data, tmp_path):
+    out = copy_run(run4, tmp_path / "run")
+    over = tiny_overrides(out, toy_data, **{"train.max_steps": 6, "checkpoint.save_every": 2,
+                                           "train.allow_config_changes": "[train.max_steps]"})
+    assert train_main(over) == 0
+    manifest = json.loads(ckpt.StepPaths(out / "step_6").manifest.read_text())
+    assert manifest["config_changes"] == [{"at_step": 4, "changes": [{"key": "train.max_steps", "old": 4, "new": 6}]}]
+
+
+def test_operational_changes_resume_freely(run4, toy_data, tmp_path):
+    """Logging, evaluation and retention settings do not define the run."""
+    out = copy_run(run4, tmp_path / "run")
+    over = tiny_overrides(out, toy_data, **{"train.max_steps": 4, "train.log_every": 3, "eval.every": 2,
+                                           "checkpoint.keep_last": 1, "data.num_workers": 0})
+    assert train_main(over) == 0
+
+
+def test_constant_schedule_may_extend_max_steps(toy_data, tmp_path):
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 2, "optim.schedule": "constant"})) == 0
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 4, "optim.schedule": "constant"})) == 0
+    assert sorted(ckpt.find_checkpoints(out))[-1] == 4
+
+
+def _start(out: Path, data: Path, **extra) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "critic_pretrain.cli", "train",
+           *tiny_overrides(out, data, **{"train.max_steps": 100000, "checkpoint.save_every": 0, **extra})]
+    log = open(out.parent / f"{out.name}.log", "w")  # a file, not a pipe: a full pipe would block the run
+    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=log, stderr=log, text=True)
+
+
+def _log(out: Path) -> str:
+    return (out.parent / f"{out.name}.log").read_text()
+
+
+def _wait_for_training(proc: subprocess.Popen, out: Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    metrics = out / "metrics.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and '"train/loss"' in metrics.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"training did not start: {proc.poll()} {_log(out)[-2000:]}")
+
+
+def test_ctrl_c_saves_and_exits_130(toy_data, tmp_path):
+    """With save_every=0 a Ctrl-C used to lose the whole run; now it saves at the step boundary."""
+    out = tmp_path / "run"
+    proc = _start(out, toy_data, **{"data.num_workers": 1})
+    _wait_for_training(proc, out)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
+    proc.wait(timeout=300)
+    err = _log(out)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err
+    saved = sorted(ckpt.find_checkpoints(out))
+    assert saved and ckpt.verify(out / f"step_{saved[-1]}") is None
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if "train/loss" in x]
+    assert saved[-1] == steps[-1]  # nothing trained was lost
+
+
+def test_second_ctrl_c_aborts_at_once():
+    from critic_pretrain.train import EXIT_INTERRUPTED, Preemption
+    with Preemption() as p:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert p.requested and p.exit_code == EXIT_INTERRUPTED
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+
+
+def test_one_run_per_output_dir(toy_data, tmp_path):
+    out = tmp_path / "run"
+    first = _start(out, toy_data)
+    try:
+        _wait_for_training(first, out)
+        before = (out / "metrics.jsonl").read_text().count("\n")
+        second = subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train",
+                                 *tiny_overrides(out, toy_data, **{"train.max_steps": 3})],
+                                cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr[-2000:]
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and f"pid {first.pid}" in errors[0] and "in use" in errors[0]
+        assert first.poll() is None  # the first run is untouched and still training
+        assert (out / "metrics.jsonl").read_text().count("\n") >= before
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # kill -9: the OS drops the lock
+        first.wait()
+    # the lock died with the process: the same command resumes (or starts) at once
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 2})) == 0
+
+
+def test_output_dir_that_is_a_file_is_one_line(toy_data, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert train_main(tiny_overrides(blocker / "run", toy_data)) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "output_dir=" in err[0] and "writable" in err[0]
