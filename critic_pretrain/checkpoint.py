@@ -51,7 +51,7 @@ from .model import write_value_config
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; RNG state as safetensors
 WEIGHTS_FILE = "shard-00001-model-00001-of-00001.safetensors"
 MANIFEST = "critic_pretrain.json"
 STEP_RE = re.compile(r"^step_(\d+)$")
@@ -152,8 +152,11 @@ def step_number(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def verify(step_dir: Path) -> str | None:
-    """None when ``step_dir`` is a complete checkpoint, else what is wrong with it."""
+def verify(step_dir: Path, *, content: bool = False) -> str | None:
+    """None when ``step_dir`` is a complete checkpoint, else what is wrong with it.
+
+    Sizes always; with ``content``, every file's checksum too (reads the whole checkpoint:
+    done for the one step a resume, ``seed check``, ``export`` or ``eval`` uses)."""
     p = StepPaths(step_dir)
     if not p.manifest.is_file():
         return f"no {MANIFEST} (incomplete save or not written by critic-pretrain)"
@@ -161,13 +164,36 @@ def verify(step_dir: Path) -> str | None:
         manifest = json.loads(p.manifest.read_text())
     except (OSError, ValueError) as e:
         return f"unreadable {MANIFEST} ({e})"
-    for rel, size in manifest.get("files", {}).items():
+    files = manifest.get("files", {})
+    if not isinstance(files, dict):
+        return f"{MANIFEST} has no file list"
+    for rel, entry in files.items():
+        size, digest = (entry, None) if isinstance(entry, int) else (entry.get("size"), entry.get(CHECKSUM))
         f = step_dir / rel
         if not f.is_file():
             return f"missing {rel}"
         if f.stat().st_size != size:
             return f"{rel} has {f.stat().st_size} bytes, expected {size} (truncated or overwritten)"
+        if content and digest is not None and file_checksum(f) != digest:
+            return f"{rel} does not match its checksum (corrupted on disk or edited)"
     return None
+
+
+CHECKSUM = "xxh3_128"
+
+
+def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
+    """xxh3-128 of the file's bytes (xxhash ships with datasets; blake2b if it is missing)."""
+    try:
+        import xxhash
+        h = xxhash.xxh3_128()
+    except ImportError:  # pragma: no cover
+        import hashlib
+        h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def find_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
@@ -189,7 +215,8 @@ def find_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
 
 
 def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path | None:
-    """The checkpoint to resume from: ``load_step`` exactly, else the newest complete one."""
+    """The checkpoint to resume from: ``load_step`` exactly, else the newest complete one whose
+    files match their checksums (a corrupted newest one is skipped with a warning)."""
     root = Path(output_dir)
     if load_step is not None:
         d = root / f"step_{load_step}"
@@ -197,20 +224,25 @@ def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path
             have = sorted(find_checkpoints(root))
             raise UserError(f"checkpoint.load_step={load_step}: {d} does not exist "
                             f"(available steps: {have or 'none'}); pick one of them or unset load_step")
-        problem = verify(d)
+        problem = verify(d, content=True)
         if problem:
             raise UserError(f"checkpoint.load_step={load_step}: {d} is not a complete checkpoint ({problem}); "
                             "pick another step or unset load_step to use the newest complete one")
         return d
-    found = find_checkpoints(root)
-    return found[max(found)] if found else None
+    for n, d in sorted(find_checkpoints(root).items(), reverse=True):
+        problem = verify(d, content=True)
+        if problem is None:
+            return d
+        log.warning("not resuming from %s: %s; trying the previous checkpoint", d, problem)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
 # Saving
 
-def _files_manifest(root: Path) -> dict[str, int]:
-    return {str(f.relative_to(root)): f.stat().st_size
+def _files_manifest(root: Path) -> dict[str, dict]:
+    """Size and checksum of every file under ``root`` (the manifest aside)."""
+    return {str(f.relative_to(root)): {"size": f.stat().st_size, CHECKSUM: file_checksum(f)}
             for f in sorted(root.rglob("*")) if f.is_file() and f.name != MANIFEST}
 
 
@@ -252,6 +284,34 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_rng_state(path: Path, state: dict[str, Any]) -> None:
+    """RNG state as safetensors (no pickle): tensors plus the few scalars in the metadata."""
+    version, mt, gauss = state["python"]
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    tensors = {"torch": state["torch"], "python": torch.tensor(mt, dtype=torch.int64),
+               "numpy": torch.from_numpy(np.asarray(keys, dtype=np.int64))}
+    for i, t in enumerate(state.get("cuda", [])):
+        tensors[f"cuda.{i}"] = t
+    meta = {"python": json.dumps([version, gauss]), "numpy": json.dumps([name, int(pos), int(has_gauss), float(cached)])}
+    save_file(tensors, path, metadata=meta)
+
+
+def load_rng_state(path: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    t = load_file(path)
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    version, gauss = json.loads(meta["python"])
+    name, pos, has_gauss, cached = json.loads(meta["numpy"])
+    state = {"python": (version, tuple(int(x) for x in t["python"].tolist()), gauss),
+             "numpy": (name, t["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached), "torch": t["torch"]}
+    cuda = sorted((k for k in t if k.startswith("cuda.")), key=lambda k: int(k.split(".")[1]))
+    if cuda:
+        state["cuda"] = [t[k] for k in cuda]
+    return state
 
 
 def save_checkpoint(
@@ -326,7 +386,7 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         with _single_process_ok():
             dcp.save(optim_state, checkpoint_id=str(p.optim_dir), no_dist=not _distributed())
     _fault("after_optimizer", step)
-    torch.save(rng_state(), p.resume_dir / f"rng_rank{rank}.pt")
+    save_rng_state(p.resume_dir / f"rng_rank{rank}.safetensors", rng_state())
     barrier()
 
     if is_main:
@@ -469,8 +529,12 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sch
     """Load ``value/optimizer/optim`` ({"optim", "sched"}) into a fresh optimizer and scheduler."""
     state = {"optim": get_optimizer_state_dict(model, optimizer, options=OPTIM_OPTIONS),  # allocates moments
              "sched": scheduler.state_dict()}
-    with _single_process_ok():
-        dcp.load(state, checkpoint_id=str(StepPaths(step_dir).optim_dir), no_dist=not _distributed())
+    path = StepPaths(step_dir).optim_dir
+    try:
+        dcp_load(state, path)
+    except UntrustedContent as e:
+        raise UserError(f"{path}: {e}; this folder was not written by critic-pretrain, nothing from it was run: "
+                        "resume from another step or use a new output_dir") from None
     set_optimizer_state_dict(model, optimizer, state["optim"], options=OPTIM_OPTIONS)
     scheduler.load_state_dict(state["sched"])
 
@@ -479,9 +543,123 @@ def load_resume_state(step_dir: Path, rank: int) -> tuple[dict, dict | None]:
     """(resume state, this rank's RNG state or None when the world size changed)."""
     p = StepPaths(step_dir)
     state = json.loads((p.resume_dir / "state.json").read_text())
-    rng_file = p.resume_dir / f"rng_rank{rank}.pt"
-    rng = torch.load(rng_file, weights_only=False) if rng_file.is_file() else None
-    return state, rng
+    rng_file = p.resume_dir / f"rng_rank{rank}.safetensors"
+    return state, (load_rng_state(rng_file) if rng_file.is_file() else None)  # older pickled .pt: not loaded
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.distributed.checkpoint without pickle's code execution
+#
+# DCP stores `.metadata` with pickle and loads non-tensor entries with torch.load(weights_only=
+# False): a planted folder could run code. We read metadata with an unpickler that builds only
+# DCP's own metadata classes (and the torch dtypes / sizes they hold), and non-tensor entries with
+# torch.load(weights_only=True). Tensor entries are already read with weights_only=True.
+
+class UntrustedContent(Exception):
+    """A checkpoint file asks for something outside the allow-list (nothing was executed)."""
+
+
+def _allowed_global(module: str, name: str):
+    import pathlib
+
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+    import torch.distributed.checkpoint.metadata as dcp_md
+
+    if module == dcp_md.__name__:
+        obj = getattr(dcp_md, name, None)
+        if isinstance(obj, type):
+            return obj
+    if (module, name) == (dcp_fs.__name__, "_StorageInfo"):
+        return dcp_fs._StorageInfo
+    if module == "torch":
+        obj = getattr(torch, name, None)
+        if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+            return obj
+    if (module, name) == ("torch.serialization", "_get_layout"):
+        from torch.serialization import _get_layout
+        return _get_layout  # maps a layout name to a torch.layout
+    if module == "pathlib" and name in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"):
+        return getattr(pathlib, name)
+    if (module, name) == ("collections", "OrderedDict"):
+        import collections
+        return collections.OrderedDict
+    return None
+
+
+class _MetadataUnpickler(__import__("pickle").Unpickler):
+    def find_class(self, module: str, name: str):
+        obj = _allowed_global(module, name)
+        if obj is None:
+            raise UntrustedContent(f"DCP metadata refers to {module}.{name}, which is not part of a checkpoint")
+        return obj
+
+
+def _safe_reader(path: Path):
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeFileSystemReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            meta_path = Path(str(self.path)) / ".metadata"
+            try:
+                with open(meta_path, "rb") as f:
+                    metadata = _MetadataUnpickler(f).load()
+            except UntrustedContent:
+                raise
+            except Exception as e:  # a truncated or foreign file
+                raise UntrustedContent(f"unreadable DCP metadata ({type(e).__name__}: {e})") from None
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = getattr(self, "load_id", None)
+            return metadata
+
+    return SafeFileSystemReader(str(path))
+
+
+def _safe_planner():
+    import io
+    import pickle
+
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            """DefaultLoadPlanner.load_bytes with ``weights_only=True``: plain data only."""
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as e:
+                raise UntrustedContent(f"a non-tensor entry is not plain data ({_first_line(e)})") from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeLoadPlanner()
+
+
+def dcp_metadata(path: Path):
+    """The ``Metadata`` of a DCP folder, read without running code."""
+    return _safe_reader(path).read_metadata()
+
+
+def dcp_load(state: dict, path: Path) -> None:
+    """``dcp.load(state)`` from ``path``, with the safe reader and planner."""
+    reader = _safe_reader(path)
+    reader.read_metadata()  # refuse a foreign .metadata here, before DCP wraps the error per rank
+    with _single_process_ok():
+        try:
+            dcp.load(state, storage_reader=reader, planner=_safe_planner(), no_dist=not _distributed())
+        except dcp.api.CheckpointException as e:
+            ours = [line for line in str(e).splitlines() if "not plain data" in line or "not part of" in line]
+            if ours:
+                raise UntrustedContent(ours[0].split("AssertionError: ")[-1].strip()) from None
+            raise
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
 
 
 def library_versions() -> dict[str, str]:

@@ -139,10 +139,10 @@ class RolloutStore:
 
 
 def _cache_key(files: list[tuple[int, Path]], sources: list[SourceConfig], data: DataConfig,
-               targets: TargetsConfig) -> str:
+               targets: TargetsConfig, vocab_size: int | None) -> str:
     h = hashlib.sha256()
     h.update(json.dumps({"format": STORE_FORMAT, "on_bad": data.on_bad, "targets": vars(targets),
-                         "sources": [vars(s) for s in sources]}, sort_keys=True).encode())
+                         "sources": [vars(s) for s in sources], "vocab_size": vocab_size}, sort_keys=True).encode())
     for i, f in files:
         st = f.stat()
         h.update(f"{i}\0{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
@@ -173,14 +173,16 @@ def file_manifest(files: list[tuple[int, Path]]) -> list[dict]:
 
 
 def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.PathLike, data: DataConfig,
-                  targets: TargetsConfig, *, name: str = "train", progress: bool = False) -> RolloutStore:
+                  targets: TargetsConfig, *, name: str = "train", progress: bool = False,
+                  vocab_size: int | None = None) -> RolloutStore:
     """Validate, filter and de-duplicate ``sources`` (``SourceConfig``s, or plain path specs
     as one unfiltered source), compute targets, and build (or reuse) the memory-mapped store
-    under ``cache_dir/name``."""
+    under ``cache_dir/name``. ``vocab_size``: token ids at or above it are bad rows (an
+    embedding lookup past the table would fail mid-training, on a GPU as a device assert)."""
     if sources and not isinstance(sources[0], SourceConfig):
         sources = [SourceConfig(paths=[str(p) for p in sources], name=name)]
     files = source_files(sources)
-    key = _cache_key(files, sources, data, targets)
+    key = _cache_key(files, sources, data, targets, vocab_size)
     out = Path(cache_dir) / name
     if (out / STORE_META).is_file() and json.loads((out / STORE_META).read_text()).get("fingerprint") == key:
         log.info("%s data: reusing prepared store %s", name, out)
@@ -199,7 +201,8 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
             open(tmp / "quarantine.jsonl", "w") as quarantine:
         for entry, (i, f) in zip(manifest, files):
             src = sources[i]
-            reader = RolloutReader([f], on_bad=data.on_bad, duplicates="drop", seen_ids=seen_ids)
+            reader = RolloutReader([f], on_bad=data.on_bad, duplicates="drop", seen_ids=seen_ids,
+                                   vocab_size=vocab_size, need_values=targets.values_from == "data")
             kept = 0
             for path, rows, batch in reader:
                 batch, rows = _apply_filters(batch, rows, src, stats)
@@ -591,13 +594,15 @@ class TrainData:
 
 
 def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, *, main_first, progress: bool,
-                     model_limit: int | None = None) -> TrainData:
+                     model_limit: int | None = None, vocab_size: int | None = None) -> TrainData:
     """Prepare (or reuse) the stores and split them. ``main_first`` is a context manager that
     lets rank 0 build the stores before the other ranks read them. ``model_limit``: the
-    model's position limit (caps `max_length`)."""
+    model's position limit (caps `max_length`); ``vocab_size``: its vocabulary."""
     with main_first():
-        train = prepare_store(data.all_sources(), cache_dir, data, targets, name="train", progress=progress)
-        val = prepare_store(data.val, cache_dir, data, targets, name="val") if data.val else train
+        train = prepare_store(data.all_sources(), cache_dir, data, targets, name="train", progress=progress,
+                              vocab_size=vocab_size)
+        val = (prepare_store(data.val, cache_dir, data, targets, name="val", vocab_size=vocab_size) if data.val
+               else train)
     for store in {id(train): train, id(val): val}.values():
         check_bad_fraction(store.stats, data.max_bad_fraction, store.path.name, store.path / "quarantine.jsonl")
     if data.val:

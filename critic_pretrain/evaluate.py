@@ -323,23 +323,26 @@ def evaluate(model: torch.nn.Module, store: RolloutStore, indices: np.ndarray, *
 # ---------------------------------------------------------------------------------------------
 # Evaluating a checkpoint: `critic-pretrain eval`
 
-def checkpoint_model_config(step_dir: Path, cfg):
+def checkpoint_model_config(step_dir: Path, cfg, trust_remote_code: bool = False):
     """(ModelConfig, HF config) of ``step_dir``'s value model, from its own config.json (no
-    backbone download), with the run's head settings and attention."""
+    backbone download), with the run's head settings and attention. ``trust_remote_code``
+    comes from the caller (the user's command line), never from the checkpoint's config.yaml."""
     from . import checkpoint as ckpt
     from .model import build_config
 
     hf_config = json.loads(ckpt.StepPaths(step_dir).hf_config.read_text())
-    model_cfg = dataclasses.replace(cfg.model, name_or_path=None, config=hf_config, init_from="backbone")
+    model_cfg = dataclasses.replace(cfg.model, name_or_path=None, config=hf_config, init_from="backbone",
+                                    trust_remote_code=trust_remote_code)
     return model_cfg, build_config(model_cfg)
 
 
-def load_checkpoint_model(step_dir: Path, cfg, device: torch.device) -> torch.nn.Module:
+def load_checkpoint_model(step_dir: Path, cfg, device: torch.device, trust_remote_code: bool = False,
+                          ) -> torch.nn.Module:
     """The value model of ``step_dir``, weights loaded strictly (see ``checkpoint_model_config``)."""
     from . import checkpoint as ckpt
     from .model import build_value_model
 
-    model_cfg, hf_config = checkpoint_model_config(step_dir, cfg)
+    model_cfg, hf_config = checkpoint_model_config(step_dir, cfg, trust_remote_code)
     model = build_value_model(model_cfg, init_head=False, config=hf_config)
     ckpt.load_weights(model, step_dir)
     return model.to(device).eval()
@@ -354,7 +357,7 @@ def checked_step_dir(path: str) -> Path:
         raise UserError(f"{path}: no such checkpoint folder; pass a step_<n> folder of a critic-pretrain run")
     if not step_dir.is_dir():
         raise UserError(f"{path}: not a folder; pass a step_<n> folder of a critic-pretrain run")
-    problem = ckpt.verify(step_dir)
+    problem = ckpt.verify(step_dir, content=True)
     if problem:
         raise UserError(f"{path}: not a complete critic-pretrain checkpoint ({problem}); "
                         "pass a step_<n> folder written by `critic-pretrain train`")
@@ -373,7 +376,7 @@ def default_out(step_dir: Path, rollouts: list[str] | None) -> Path:
 
 def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None, *, token_cap: int | None = None,
                         batch_tokens: int | None = None, cache_dir: str | Path | None = None,
-                        device: str | torch.device | None = None) -> dict:
+                        device: str | torch.device | None = None, trust_remote_code: bool = False) -> dict:
     """Evaluate checkpoint ``step_dir`` and return the JSON-ready report.
 
     Targets are built with the checkpoint's own ``config.yaml`` (gamma, lambda, reward
@@ -389,7 +392,8 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     step_dir = checked_step_dir(str(step_dir))
     cfg = load_config(step_dir / "config.yaml")
     dev = resolve_device(device)
-    model_limit = position_limit(checkpoint_model_config(step_dir, cfg)[1])
+    hf_config = checkpoint_model_config(step_dir, cfg, trust_remote_code)[1]
+    model_limit, vocab_size = position_limit(hf_config), hf_config.vocab_size
     max_length = max_length_of(cfg.data, model_limit)  # as in training
     batch_tokens = batch_tokens or cfg.data.max_tokens
     if batch_tokens < max_length:
@@ -399,17 +403,17 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     with contextlib.ExitStack() as stack:
         if rollouts:
             where = cache_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="critic-eval-"))
-            store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval")
+            store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval", vocab_size=vocab_size)
             indices, split = np.arange(len(store)), "all rows"
         else:
             run_cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else step_dir.parent / "data_cache"
             data = build_train_data(cfg.data, cfg.targets, run_cache, main_first=contextlib.nullcontext,
-                                    progress=False, model_limit=model_limit)
+                                    progress=False, model_limit=model_limit, vocab_size=vocab_size)
             store, indices, split = data.val, data.val_idx, "validation split of the run"
             if len(indices) == 0:
                 raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "
                                 "pass --rollouts PATH to evaluate on other rollouts")
-        model = load_checkpoint_model(step_dir, cfg, dev)
+        model = load_checkpoint_model(step_dir, cfg, dev, trust_remote_code)
         with _autocast(dev, cfg.train.mixed_precision):
             result = evaluate_detailed(model, store, indices, max_tokens=batch_tokens, max_length=max_length,
                                        layout=Layout(1, 0, 1), device=dev, token_cap=token_cap, prefix="eval")
@@ -486,6 +490,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "data.max_tokens)")
     p.add_argument("--cache-dir", metavar="DIR", help="where --rollouts are prepared (default: a temporary folder)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow modelling code shipped with the checkpoint's config.json (never taken from the "
+                        "checkpoint's own config.yaml)")
     return p.parse_args(argv)
 
 
@@ -497,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     out = Path(args.out) if args.out else default_out(Path(args.step_dir), args.rollouts)
     report = evaluate_checkpoint(args.step_dir, args.rollouts, token_cap=args.max_tokens,
-                                 batch_tokens=args.batch_tokens, cache_dir=args.cache_dir, device=args.device)
+                                 batch_tokens=args.batch_tokens, cache_dir=args.cache_dir, device=args.device,
+                                 trust_remote_code=args.trust_remote_code)
     write_json(report, out)
     m = report["metrics"]
     print("  ".join(f"{k.split('/', 1)[1]}={v:.4g}" for k, v in m.items()

@@ -31,7 +31,6 @@ import logging
 import math
 import re
 import sys
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -312,7 +311,7 @@ def _check_manifest(report: SeedReport, root: Path) -> dict | None:
         report.warn(f"no {ckpt.MANIFEST}: the reward transform, gamma and lambda this critic was trained with are "
                     "unknown; make sure the PPO run uses the reward scale it was trained on")
         return None
-    problem = ckpt.verify(root)
+    problem = ckpt.verify(root, content=True)
     if problem:
         report.fail("manifest", f"{problem}: the folder is incomplete or was changed after it was saved; "
                                 "copy it again from the run (or re-export it)")
@@ -587,11 +586,9 @@ def read_dcp(path: Path, *, tensors: bool) -> dict:
     reads only the non-tensor entries (param groups, scheduler): cheap for any model size.
     """
     import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
-    md = FileSystemReader(str(path)).read_metadata()
+    md = ckpt.dcp_metadata(path)  # no pickle code runs: see checkpoint.dcp_load
     state: dict = {}
     for key, meta in md.state_dict_metadata.items():
         where = (md.planner_data or {}).get(key, (key,))
@@ -599,9 +596,7 @@ def read_dcp(path: Path, *, tensors: bool) -> dict:
             _put(state, where, None)
         elif tensors and isinstance(meta, TensorStorageMetadata):
             _put(state, where, torch.empty(meta.size, dtype=meta.properties.dtype))
-    with warnings.catch_warnings():  # "torch.distributed is disabled...": single-process is the intent
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
+    ckpt.dcp_load(state, path)
     return state
 
 
@@ -635,8 +630,6 @@ def scheduler_class(sched: dict) -> str:
 
 def _check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
                      param_shapes: dict[str, tuple]) -> None:
-    from torch.distributed.checkpoint import FileSystemReader
-
     opt_root = p.optim_dir.parent
     report.facts["optimizer"] = None
     if not opt_root.exists():
@@ -648,7 +641,7 @@ def _check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
                                  f"tries to load it and fails; {drop}")
         return
     try:
-        md = FileSystemReader(str(p.optim_dir)).read_metadata()
+        md = ckpt.dcp_metadata(p.optim_dir)
         state = read_dcp(p.optim_dir, tensors=False)
     except Exception as e:  # DCP raises assorted errors for a broken folder
         report.fail("optimizer", f"value/optimizer/optim is not a readable torch.distributed.checkpoint "

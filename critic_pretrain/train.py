@@ -189,7 +189,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     hf_config = build_config(cfg.model)  # before the data: a model we cannot train fails in seconds
     data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or out / "data_cache"),
                             main_first=accelerator.main_process_first, progress=is_main and cfg.train.progress,
-                            model_limit=position_limit(hf_config))
+                            model_limit=position_limit(hf_config), vocab_size=hf_config.vocab_size)
     log.info("data: %s", data.describe())
     if not plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
@@ -274,8 +274,7 @@ def check_data_changes(step_dir: Path, data_cfg) -> list[dict]:
     now = {f["path"]: f for f in file_manifest(source_files(data_cfg.all_sources()))}
     added = sorted(now.keys() - before.keys())
     removed = sorted(before.keys() - now.keys())
-    modified = sorted(p for p in now.keys() & before.keys()
-                      if (now[p]["size"], now[p]["fingerprint"]) != (before[p]["size"], before[p]["fingerprint"]))
+    modified = sorted(p for p in now.keys() & before.keys() if _file_changed(before[p], now[p]))
     if not (added or removed or modified):
         return history
     parts = [f"{len(v)} {k} ({', '.join(Path(p).name for p in v[:3])}{', ...' if len(v) > 3 else ''})"
@@ -287,6 +286,19 @@ def check_data_changes(step_dir: Path, data_cfg) -> list[dict]:
     log.warning("%s; continuing on the new data (data.allow_changes=true)", what)
     return history + [{"at_step": ckpt.step_number(step_dir), "added": added, "removed": removed,
                        "modified": modified}]
+
+
+def _file_changed(before: dict, now: dict) -> bool:
+    """Size, mtime (when both recorded) or content fingerprint differ. Manifests from before
+    sampled fingerprints hold a footer-only one: compare like with like."""
+    from rollouts.paths import legacy_fingerprint
+
+    if before["size"] != now["size"]:
+        return True
+    if before.get("mtime_ns") is not None and before["mtime_ns"] != now.get("mtime_ns"):
+        return True
+    old = before["fingerprint"]
+    return old != (now["fingerprint"] if old.startswith("v2:") else legacy_fingerprint(now["path"]))
 
 
 def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> Progress:

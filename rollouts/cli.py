@@ -36,13 +36,35 @@ def _add_check(rsub) -> None:
     p.add_argument("--quarantine", metavar="JSONL", help="write one line per bad row/file (file, row, reason)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--max-problems", type=int, default=20, help="problem lines to print (default 20)")
+    vocab = p.add_mutually_exclusive_group()
+    vocab.add_argument("--vocab-size", type=int, metavar="N", help="token ids must be below N (the model's vocabulary)")
+    vocab.add_argument("--model", metavar="PATH", help="take --vocab-size from this model folder's config.json")
     p.set_defaults(func=run_check)
+
+
+def vocab_size_of(model: str) -> int:
+    """``vocab_size`` from a model folder's (or a config.json file's) config, without torch."""
+    from pathlib import Path
+    path = Path(model)
+    path = path / "config.json" if path.is_dir() else path
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise RolloutError(f"--model {model}: cannot read {path} ({getattr(e, 'strerror', None) or e}); "
+                           "pass a local model folder with a config.json, or --vocab-size N") from None
+    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    if not isinstance(size, int) or size <= 0:
+        raise RolloutError(f"--model {model}: {path} has no vocab_size; pass --vocab-size N")
+    return size
 
 
 def run_check(args: argparse.Namespace) -> int:
     from .reader import check
 
-    reader = check(args.paths, on_bad=args.on_bad, quarantine=args.quarantine)
+    vocab = args.vocab_size if args.vocab_size is not None else (vocab_size_of(args.model) if args.model else None)
+    if vocab is not None and vocab <= 0:
+        raise RolloutError(f"--vocab-size {vocab} must be > 0")
+    reader = check(args.paths, on_bad=args.on_bad, quarantine=args.quarantine, vocab_size=vocab)
     summary = reader.summary
     if args.json:
         print(json.dumps({"summary": summary.to_dict(),

@@ -132,7 +132,8 @@ class RolloutReader:
     def __init__(self, paths: str | os.PathLike | Iterable, *, on_bad: OnBad = "fail",
                  quarantine: str | os.PathLike | None = None, batch_rows: int = DEFAULT_BATCH_ROWS,
                  columns: list[str] | None = None, check_duplicates: bool = True,
-                 duplicates: Literal["error", "drop"] = "error", seen_ids: set[str] | None = None):
+                 duplicates: Literal["error", "drop"] = "error", seen_ids: set[str] | None = None,
+                 vocab_size: int | None = None, need_values: bool = False):
         if on_bad not in ("fail", "skip"):
             raise ValueError(f"on_bad must be 'fail' or 'skip', got {on_bad!r}")
         self.files = resolve(paths)
@@ -144,6 +145,10 @@ class RolloutReader:
         self.duplicates = duplicates
         self._shared_ids = seen_ids
         """A set shared with other readers: de-duplicate across sources."""
+        self.vocab_size = vocab_size
+        """Token ids must be below this (the model's vocabulary); None: not checked."""
+        self.need_values = need_values
+        """Every row must carry ``values`` (bootstrap targets with lambda < 1)."""
         self.summary = Summary()
         self.problems: list[Problem] = []
         """Every problem found (bounded by what was read; the quarantine file has them too)."""
@@ -223,7 +228,8 @@ class RolloutReader:
                     return self._file_problem(Problem(
                         name, offset, None, f"cannot decode rows from here on ({_short(e)})",
                         "the shard is truncated or corrupt: re-copy or re-export it", kind="corrupt_file"))
-                res = check_batch(name, batch, offset, seen_ids, self.duplicates)
+                res = check_batch(name, batch, offset, seen_ids, self.duplicates, vocab_size=self.vocab_size,
+                                  need_values=self.need_values)
                 for p in res.problems:
                     self._report(p)
                 self.summary.add(res)
@@ -237,9 +243,11 @@ def _short(e: Exception) -> str:
     return msg[:160] + ("..." if len(msg) > 160 else "")
 
 
-def check(paths, *, on_bad: OnBad = "skip", quarantine=None, batch_rows: int = DEFAULT_BATCH_ROWS) -> RolloutReader:
+def check(paths, *, on_bad: OnBad = "skip", quarantine=None, batch_rows: int = DEFAULT_BATCH_ROWS,
+          vocab_size: int | None = None) -> RolloutReader:
     """Read and validate everything under ``paths``; returns the reader with summary and problems."""
-    reader = RolloutReader(paths, on_bad=on_bad, quarantine=quarantine, batch_rows=batch_rows)
+    reader = RolloutReader(paths, on_bad=on_bad, quarantine=quarantine, batch_rows=batch_rows,
+                           vocab_size=vocab_size)
     for _ in reader:
         pass
     return reader

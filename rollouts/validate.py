@@ -94,12 +94,15 @@ def _row_any(flat_bad: np.ndarray, parents: np.ndarray, n: int) -> np.ndarray:
 
 
 def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
-                seen_ids: set[str] | None = None, duplicates: str = "error") -> BatchResult:
+                seen_ids: set[str] | None = None, duplicates: str = "error", *,
+                vocab_size: int | None = None, need_values: bool = False) -> BatchResult:
     """Validate every row of ``batch`` (rows ``row_offset...`` of ``file``).
 
     ``seen_ids`` carries sample ids across batches and files to catch duplicates; ids of
     kept rows are added to it. A repeated id is a problem (``duplicates="error"``) or is
-    dropped and only counted (``"drop"``: de-duplication across sources).
+    dropped and only counted (``"drop"``: de-duplication across sources). ``vocab_size``:
+    token ids must be below it (the model's embedding size). ``need_values``: every row
+    must carry the collecting critic's ``values`` (bootstrap targets with lambda < 1).
     """
     n = batch.num_rows
     names = set(batch.schema.names)
@@ -114,6 +117,11 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
               "token ids must be >= 0; check the tokenizer or the converter", "negative_token")
     flags.add(_row_any(tok > INT32_MAX, tok_parents, n), "input_ids", "token id above int32 range",
               "token ids must be < 2**31; check the converter", "token_range")
+    if vocab_size is not None:
+        flags.add(_row_any((tok >= vocab_size) & (tok <= INT32_MAX), tok_parents, n), "input_ids",
+                  f"token id >= the model's vocab_size {vocab_size}",
+                  "the rollouts were tokenized for another model: use that model (or its tokenizer's rollouts)",
+                  "token_out_of_vocab")
 
     mlen, mask, mask_parents, mask_inner_null = _list_parts(batch.column("loss_mask"))
     policy = np.zeros(n, dtype=np.int64)
@@ -158,6 +166,11 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
             flags.add(v_inner_null, name, f"null inside {name}", "write a number for every token", "null")
             flags.add(_row_any(~np.isfinite(v.astype(np.float64)), v_parents, n), name,
                       f"NaN or infinite {name}", "fix the critic output or drop the column", "nan")
+
+    if need_values and "values" in names and not pa.types.is_null(batch.column("values").type):
+        flags.add(batch.column("values").is_null().to_numpy(zero_copy_only=False), "values",
+                  "no values for this row, and lambda < 1 bootstraps from them",
+                  "drop the row, write the collecting critic's values, or train with targets.lam=1.0", "null")
 
     if "sample_weight" in names and not pa.types.is_null(batch.column("sample_weight").type):
         w = pc.fill_null(batch.column("sample_weight").cast(pa.float64()), 1.0).to_numpy(zero_copy_only=False)

@@ -48,10 +48,14 @@ def errors(err: str) -> list[str]:
 
 
 def rewrite_weights(step: Path, edit) -> None:
+    """Edit the weights as if training had saved them so (the manifest's checksums follow)."""
     path = ckpt.StepPaths(step).weights
     state = load_file(path)
     edit(state)
     save_file(state, path, metadata={"format": "pt"})
+    manifest = json.loads((step / ckpt.MANIFEST).read_text())
+    manifest["files"] = ckpt._files_manifest(step)
+    (step / ckpt.MANIFEST).write_text(json.dumps(manifest))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def test_checkpoint_tree(straight):
     manifest = json.loads(p.manifest.read_text())
     assert manifest["targets"]["gamma"] == 1.0 and manifest["format_version"] == ckpt.FORMAT_VERSION
     assert "torch" in manifest["versions"]
-    assert (step / "config.yaml").is_file() and (step / "resume" / "rng_rank0.pt").is_file()
+    assert (step / "config.yaml").is_file() and (step / "resume" / "rng_rank0.safetensors").is_file()
     config = json.loads(p.hf_config.read_text())
     assert config["num_labels"] == 1 and config["classifier_dropout"] == 0.0
     assert config["architectures"] == ["Qwen2ForTokenClassification"]
@@ -244,7 +244,7 @@ def test_two_process_cpu_run_matches_grad_accum(toy_data, tmp_path):
                          env={**os.environ, "ACCELERATE_USE_CPU": "1"})
     assert "2 process(es)" in res.stderr
     assert res.returncode == 0, res.stderr[-3000:]
-    assert (out2 / "step_6" / "resume" / "rng_rank1.pt").is_file()
+    assert (out2 / "step_6" / "resume" / "rng_rank1.safetensors").is_file()
     out1 = tmp_path / "accum"
     assert train(out1, toy_data, **{"train.max_steps": 6, "train.grad_accum": 2, "data.val_fraction": 0.05}) == 0
     l1, l2 = losses(out1), losses(out2)
