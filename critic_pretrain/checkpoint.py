@@ -126,10 +126,15 @@ def lock_output_dir(out: Path):
         fh.close()
         raise UserError(f"output_dir={out} is in use by {holder}; wait for it to finish (or stop it), "
                         "or use another output_dir") from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    fh.flush()
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.flush()
+    except OSError as e:
+        fh.close()
+        raise UserError(f"output_dir={out}: cannot write to it ({e.strerror or e}); free space or pick a "
+                        "writable folder") from None
     return fh
 
 

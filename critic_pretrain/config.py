@@ -328,7 +328,11 @@ def read_yaml_mapping(path: str | os.PathLike, *, missing: str, expected: str) -
     if not p.is_file():
         raise UserError(f"{path}: {missing}")
     try:
-        doc = yaml.safe_load(p.read_text()) or {}
+        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8 YAML") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

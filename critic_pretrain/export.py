@@ -109,7 +109,10 @@ def export(step_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, dty
     # A hidden name: never a run's own tmp_step_<n>, and find_checkpoints ignores it.
     tmp = final.parent / f".{final.name}.export-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise UserError(f"--out {final}: cannot create it ({e.strerror or e}); pass a writable folder") from None
     try:
         if fmt == "nemo-rl":
             result = _export_nemo_rl(report, tmp, cast=cast, drop_optimizer=drop_optimizer, tokenizer=tokenizer,
@@ -173,8 +176,23 @@ def _check_out(src: Path, final: Path, overwrite: bool) -> None:
     src_r, final_r = src.resolve(), final.resolve()
     if final_r == src_r or src_r in final_r.parents:
         raise UserError(f"--out {final} is inside the source checkpoint {src}; pass a folder outside it")
-    if final.exists() and any(final.iterdir()) and not overwrite:
-        raise UserError(f"{final} already exists and is not empty; pass another --out or --overwrite")
+    for d in (final, *final.parents):
+        if d.exists() and not d.is_dir():
+            raise UserError(f"--out {final}: {d} is a file, not a folder; pass a folder path for the export")
+    if final.exists() and any(final.iterdir()):
+        if not overwrite:
+            raise UserError(f"{final} already exists and is not empty; pass another --out or --overwrite")
+        if not _is_export(final):
+            raise UserError(f"--overwrite {final}: this folder holds files critic-pretrain export did not write "
+                            "(no export manifest); --overwrite only replaces a previous export: pass another --out")
+
+
+def _is_export(folder: Path) -> bool:
+    """A folder a previous ``export`` wrote: its manifest says so."""
+    try:
+        return "exported" in json.loads((folder / ckpt.MANIFEST).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _publish(tmp: Path, final: Path) -> None:

@@ -13,6 +13,7 @@ that shift, also inside packed batches where each sequence starts at ``position_
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import logging
 from pathlib import Path
@@ -38,6 +39,7 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
             raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot read its config ({_first_line(e)}); "
                             "pass a local model folder or a hub id that is in the local cache") from None
         overrides.pop("model_type", None)
+        check_config_keys(type(config)(), overrides)
         for k, v in overrides.items():
             try:
                 setattr(config, k, v)
@@ -48,6 +50,7 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
         overrides = dict(overrides)
         model_type = overrides.pop("model_type")
         try:
+            check_config_keys(AutoConfig.for_model(model_type), overrides)
             config = AutoConfig.for_model(model_type, **overrides)
         except ValueError as e:
             raise UserError(f"model.config: {_first_line(e)}; use a transformers model_type such as qwen2 or llama") from None
@@ -62,6 +65,24 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
     check_config(config, "model.config" if not cfg.name_or_path else f"model.name_or_path={cfg.name_or_path!r}",
                  remote_code=cfg.trust_remote_code)
     return config
+
+
+# Keys transformers still accepts and folds into other fields (RoPE settings into rope_parameters),
+# and the head fields our own config.json carries.
+LEGACY_CONFIG_KEYS = frozenset({"rope_theta", "rope_scaling", "rope_type", "partial_rotary_factor", "torch_dtype",
+                                "_name_or_path", "transformers_version", "architectures", "auto_map", "num_labels",
+                                "id2label", "label2id", "classifier_dropout", "token_classification_bias"})
+
+
+def check_config_keys(default: PretrainedConfig, keys) -> None:
+    """An unknown ``model.config`` key is a typo until proven otherwise: transformers would
+    store it and silently build the default (a `hiden_size` trains a 4096-wide model)."""
+    known = set(dir(default)) | set(default.to_dict()) | set(getattr(default, "attribute_map", {})) | LEGACY_CONFIG_KEYS
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(k for k in known if not k.startswith("_")), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "check the spelling against the model's config.json"
+            raise UserError(f"model.config.{key}: {type(default).__name__} has no such field; {hint}")
 
 
 def check_config(config: PretrainedConfig, where: str, remote_code: bool = False) -> None:

@@ -140,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         for key, default, doc in describe():
             print(f"{key} = {default}\n    {doc}")
         return 0
+    if args.config is None and not args.overrides:
+        print("error: nothing to train: try `critic-pretrain demo` (the bundled sample and a tiny model), or pass "
+              "--config configs/<recipe>.yaml data.train=[/your/rollouts] (see critic-pretrain train --help)",
+              file=sys.stderr)
+        return 2
     with contextlib.ExitStack() as cleanup:  # releases the output_dir lock however we leave
         try:
             run = setup(load_config(args.config, args.overrides), cleanup)

@@ -33,7 +33,7 @@ from critic_pretrain.model import SUPPORTED_FAMILIES, build_config, build_value_
 
 W = 12  # sliding window: most toy rollouts are 2-5x longer
 SMALL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 512,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
          "pad_token_id": 0, "tie_word_embeddings": False}
 
 FAMILIES = {
@@ -184,7 +184,9 @@ def test_startup_line_names_kernels_and_features():
     ({"model_type": "olmo2"}, "no token-classification class"),
     ({**SMALL, "model_type": "qwen2", "pad_token_id": 64}, "pad_token_id=64 is not a token of the vocabulary"),
     ({**SMALL, "model_type": "phi3", "pad_token_id": 32000}, "pad_token_id=32000"),
-    ({**SMALL, "model_type": "gpt2"}, "names its head differently from 'score'"),
+    ({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4},
+     "names its head differently from 'score'"),
+    ({**SMALL, "model_type": "qwen2", "hiden_size": 48}, "did you mean 'hidden_size'"),
     ({**SMALL, "model_type": "openai_privacy_filter"}, "attends in both directions"),
     ({"model_type": "funnel", "num_hidden_layers": 3}, "transformers refuses this 'funnel' config"),
 ])

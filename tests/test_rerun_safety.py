@@ -153,3 +153,55 @@ def test_output_dir_that_is_a_file_is_one_line(toy_data, tmp_path, capsys):
     assert train_main(tiny_overrides(blocker / "run", toy_data)) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "output_dir=" in err[0] and "writable" in err[0]
+
+
+def test_full_disk_at_start_up_is_one_line(toy_data, tmp_path):
+    """RLIMIT_FSIZE stands in for a full disk: writes past 256 bytes fail (EFBIG)."""
+    import resource
+
+    def no_space():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))  # room for the lock line, not for config.yaml
+
+    res = subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train", *tiny_overrides(tmp_path / "run", toy_data)],
+                         cwd=ROOT, capture_output=True, text=True, preexec_fn=no_space, timeout=300)
+    assert res.returncode == 2, res.stderr[-2000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr and "free space" in errors[0]
+
+
+def test_start_up_input_errors_are_one_line(toy_data, tmp_path, capsys):
+    from critic_pretrain.cli import main as cli_main
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"\xff\xfe output_dir: x\n")
+    cases = [
+        (["train", "--config", str(bad)], "not UTF-8"),
+        (["train"], "critic-pretrain demo"),
+    ]
+    for argv, want in cases:
+        assert cli_main(argv) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and want in err[0], (argv, err)
+
+
+def test_export_out_and_overwrite_guards(run4, tmp_path, capsys):
+    from critic_pretrain.cli import main as cli_main
+    step = str(run4 / "step_4")
+
+    def export(*args) -> list[str]:
+        rc = cli_main(["export", step, "--format", "hf", *args])
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        return rc, err
+
+    (tmp_path / "afile").write_text("x")
+    rc, err = export("--out", str(tmp_path / "afile"))
+    assert rc == 2 and len(err) == 1 and "is a file" in err[0]
+    rc, err = export("--out", str(tmp_path / "afile" / "sub"))
+    assert rc == 2 and len(err) == 1 and "is a file" in err[0]
+    mine = tmp_path / "precious"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    rc, err = export("--out", str(mine), "--overwrite")
+    assert rc == 2 and "did not write" in err[0] and (mine / "notes.txt").read_text() == "keep me"
+    assert export("--out", str(tmp_path / "hf"))[0] == 0
+    assert export("--out", str(tmp_path / "hf"), "--overwrite")[0] == 0  # a previous export: replaced
