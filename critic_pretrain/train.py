@@ -508,10 +508,12 @@ def save(run: Run, step: int) -> None:
 
 
 def _test_signal(step: int) -> None:
-    """Test seam: ``CRITIC_PRETRAIN_SIGNAL_AT_STEP=k`` sends this process SIGTERM after step k
-    (a deterministic preemption through the real signal handler)."""
+    """Test seams after step k: ``CRITIC_PRETRAIN_SIGNAL_AT_STEP=k`` sends this process SIGTERM
+    (or ``CRITIC_PRETRAIN_SIGNAL``: INT, USR1) through the real handler, a deterministic
+    preemption; ``CRITIC_PRETRAIN_FAULT=in_step@k`` kills it (kill -9: no cleanup)."""
     if os.environ.get("CRITIC_PRETRAIN_SIGNAL_AT_STEP") == str(step):
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get("CRITIC_PRETRAIN_SIGNAL", "TERM")))
+    ckpt._fault("in_step", step)
 
 
 def _agree(flag: bool, accelerator) -> bool:

@@ -66,7 +66,7 @@ def test_sources_filters_and_deduplication(two_sources, tmp_path):
     assert len(ids) == len(want_a) + len(want_b)
     assert set(store.source.tolist()) == {0, 1}
     manifest = {Path(f["path"]).parent.name for f in store.files}
-    assert manifest == {"a", "b", "b_copy"} and all(len(f["fingerprint"]) == 32 for f in store.files)
+    assert manifest == {"a", "b", "b_copy"} and all(len(f["fingerprint"]) == 35 for f in store.files)  # "v2:" + 32
 
 
 def test_source_weights_per_epoch():
