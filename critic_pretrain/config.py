@@ -251,9 +251,6 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def dump(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-
 
 # ---------------------------------------------------------------------------------------------
 # What a resume may not change

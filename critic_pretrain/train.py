@@ -309,8 +309,12 @@ def _file_changed(before: dict, now: dict) -> bool:
 def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> Progress:
     """Weights, optimizer moments, LR schedule, progress and RNG from ``step_dir``."""
     raw = accelerator.unwrap_model(model)
-    ckpt.load_weights(raw, step_dir, is_main=accelerator.is_main_process,
-                      distributed="FSDP" in str(accelerator.distributed_type))
+    try:
+        ckpt.load_weights(raw, step_dir, is_main=accelerator.is_main_process,
+                          distributed="FSDP" in str(accelerator.distributed_type))
+    except RuntimeError as e:  # missing/unexpected keys or shapes: the model is not the one trained there
+        raise UserError(f"{step_dir}: its weights do not fit this model ({str(e).strip().splitlines()[0][:200]}); "
+                        "the backbone changed under the same settings? Use a new output_dir") from None
     if not ckpt.StepPaths(step_dir).optim_dir.is_dir():
         raise UserError(f"{step_dir} has no value/optimizer (saved with checkpoint.save_optimizer=false), so it "
                         "cannot be resumed exactly; start a new output_dir with model.name_or_path set to an "
