@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import difflib
 import json
 import math
 import os
@@ -38,7 +37,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from .config import Config, load_config, read_yaml_mapping
-from .errors import USER_ERRORS, UserError
+from rollouts import fileio
+
+from .errors import USER_ERRORS, UserError, did_you_mean
+from .selection import best
 
 if TYPE_CHECKING:
     from .checkpoint import StepPaths
@@ -130,9 +132,7 @@ def _read_yaml(path: str | os.PathLike) -> dict:
 def _check_keys(mapping: dict, allowed: tuple[str, ...], where: str) -> None:
     for key in mapping:
         if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(allowed)}"
-            raise UserError(f"{where}: unknown key '{key}'; {hint}")
+            raise UserError(f"{where}: unknown key '{key}'; {did_you_mean(key, allowed)}")
 
 
 def _check_defaults(defaults: dict, where: str) -> None:
@@ -283,9 +283,9 @@ def val_results(job: Job, step: int | None) -> tuple[float | None, float | None]
     path = job.output_dir / "metrics.jsonl"
     vals = [r for r in read_metrics(path) if "val/loss" in r and r.get("step", 0) <= step] if path.is_file() else []
     if vals:
-        losses = [v for v in (r.get("val/loss") for r in vals) if _finite(v)]
+        top = best(((r["step"], r.get("val/loss")) for r in vals), "val/loss")
         ev = vals[-1].get("val/explained_variance")
-        return (min(losses) if losses else None), (ev if _finite(ev) else None)
+        return (top[1] if top else None), (ev if _finite(ev) else None)
     try:
         info = json.loads(ckpt.StepPaths(job.output_dir / f"step_{step}").training_info.read_text())
     except (OSError, ValueError):
@@ -503,9 +503,7 @@ def write_summary(path: Path, jobs_file: str, results: list[JobResult], started_
            "finished_at": _now() if exit_code is not None else None, "exit_code": exit_code,
            "jobs": [{**dataclasses.asdict(r), "status_text": r.status_text} for r in results]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    fileio.write_json(path, doc)
 
 
 def format_table(results: list[JobResult]) -> str:

@@ -46,7 +46,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from rollouts import fileio
+
 from .errors import UserError
+from .selection import ranked
 from .model import write_value_config
 
 log = logging.getLogger(__name__)
@@ -136,17 +139,6 @@ def lock_output_dir(out: Path):
         raise UserError(f"output_dir={out}: cannot write to it ({e.strerror or e}); free space or pick a "
                         "writable folder") from None
     return fh
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``path`` via a temporary file and rename: readers see the old or the new file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise UserError(f"cannot write {path} ({e.strerror or e}); free space or fix the folder's "
-                        "permissions, then re-run") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,20 +241,6 @@ def _files_manifest(root: Path) -> dict[str, dict]:
     """Size and checksum of every file under ``root`` (the manifest aside)."""
     return {str(f.relative_to(root)): {"size": f.stat().st_size, CHECKSUM: file_checksum(f)}
             for f in sorted(root.rglob("*")) if f.is_file() and f.name != MANIFEST}
-
-
-def _fsync_tree(root: Path) -> None:
-    """Make the data durable before the rename publishes it (a node crash must not publish holes)."""
-    for f in root.rglob("*"):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    for d in [root, *[d for d in root.rglob("*") if d.is_dir()]]:
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _fault(point: str, step: int) -> None:
@@ -396,34 +374,22 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
 
     if is_main:
         if scheduler_meta is not None:
-            _write_json(p.scheduler_json, scheduler_meta)
-        _write_json(p.training_info, training_info)
-        (tmp / "config.yaml").write_text(config_yaml)
-        _write_json(p.resume_dir / "state.json", resume_state)
+            fileio.write_json(p.scheduler_json, scheduler_meta)
+        fileio.write_json(p.training_info, training_info)
+        fileio.write_text(tmp / "config.yaml", config_yaml)
+        fileio.write_json(p.resume_dir / "state.json", resume_state)
         _fault("before_manifest", step)
         manifest = {**manifest, "format_version": FORMAT_VERSION, "step": step,
                     "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": _files_manifest(tmp)}
-        _write_json(p.manifest, manifest)
-        _fsync_tree(tmp)
-
-
-def replace_dir(tmp: Path, final: Path, old: Path) -> None:
-    """Put the finished folder ``tmp`` at ``final`` by rename. An existing ``final`` (a re-save
-    or re-export) is first renamed to ``old``, never deleted before the new one is in place."""
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
+        fileio.write_json(p.manifest, manifest)
+        fileio.fsync_tree(tmp)
 
 
 def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
     """Rename the finished temporary folder to ``step_<n>`` (the atomic moment of a save)."""
     _fault("before_rename", step)
-    replace_dir(tmp, final, root / f"deleting_step_{step}")  # retention removes a leftover
-    _fsync_dir(root)
+    fileio.replace_dir(tmp, final, root / f"deleting_step_{step}")  # retention removes a leftover
+    fileio.fsync_dir(root)
 
 
 @contextlib.contextmanager
@@ -442,45 +408,16 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)  # DDP wraps; FSDP2 does not
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
-
-
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o)}")
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def metric_mode(name: str) -> str:
-    """'min' for loss-like metrics, else 'max' (explained variance, rewards)."""
-    return "min" if "loss" in name else "max"
-
-
 def best_steps(output_dir: str | os.PathLike, metric: str, k: int) -> list[int]:
-    """The k complete checkpoints with the best ``metric`` in their training_info.json."""
+    """The k complete checkpoints with the best ``metric`` in their training_info.json
+    (``selection.ranked``: lower is better for losses and errors)."""
     scored = []
     for n, d in find_checkpoints(output_dir).items():
         try:
-            value = json.loads(StepPaths(d).training_info.read_text()).get(metric)
+            scored.append((n, json.loads(StepPaths(d).training_info.read_text()).get(metric)))
         except (OSError, ValueError):
             continue
-        if isinstance(value, (int, float)) and np.isfinite(value):
-            scored.append((value if metric_mode(metric) == "min" else -value, n))
-    return [n for _, n in sorted(scored)[:k]]
+    return [n for n, _ in ranked(scored, metric)[:k]]
 
 
 def apply_retention(output_dir: str | os.PathLike, keep_last: int | None, protect: set[int],

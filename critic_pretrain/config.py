@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import inspect
 import os
 import textwrap
@@ -25,7 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .errors import UserError
+from .errors import UserError, did_you_mean
 
 
 @dataclass
@@ -175,7 +174,7 @@ class StopConfig:
     min_delta: float = 0.0
     """Smallest change that counts as an improvement for the plateau rule."""
     mode: Literal["auto", "min", "max"] = "auto"
-    """Direction of improvement; `auto`: min for names containing `loss`, else max."""
+    """Direction of improvement; `auto`: min for names containing `loss` or `error`, else max."""
 
 
 @dataclass
@@ -220,7 +219,7 @@ class CheckpointConfig:
     training_info.json); retention never deletes the newest one."""
     best_metric: str = "val:loss"
     """NeMo-RL-style `val:<metric>` key that ranks checkpoints for `keep_best` (min for names
-    containing `loss`, else max)."""
+    containing `loss` or `error`, else max)."""
     save_optimizer: bool = True
     """Write `value/optimizer/` (needed to resume; NeMo-RL since PR #4213 ignores it on a
     warm start)."""
@@ -364,9 +363,8 @@ def _build(cls, raw: Any, prefix: str):
     names = {f.name for f in dataclasses.fields(cls)}
     for k in raw:
         if k not in names:
-            close = difflib.get_close_matches(str(k), names, n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(names))}"
-            raise UserError(f"unknown config key '{prefix}{k}'{hint}")
+            raise UserError(f"unknown config key '{prefix}{k}'; "
+                            f"{did_you_mean(f'{prefix}{k}', (prefix + n for n in names))}")
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in raw:

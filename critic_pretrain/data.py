@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from rollouts import RolloutReader
+from rollouts import RolloutReader, fileio
 from rollouts.paths import file_fingerprint, resolve
 
 from .config import DataConfig, SourceConfig, TargetsConfig
@@ -228,9 +228,8 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
     stats.target_var = max(sums[1] / max(sums[2], 1) - stats.mean_target ** 2, 0.0)
     meta = {"format": STORE_FORMAT, "fingerprint": key, "files": manifest, "targets": vars(targets),
             "sources": [vars(s) for s in sources], "stats": vars(stats)}
-    (tmp / STORE_META).write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    fileio.write_json(tmp / STORE_META, meta)
+    fileio.replace_dir(tmp, out)
     return RolloutStore(out)
 
 

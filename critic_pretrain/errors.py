@@ -1,10 +1,12 @@
-"""Errors that reach the user as one line (the CLI prints ``error: <message>``, exit code 2)."""
+"""Errors that reach the user as one line (the CLI prints ``error: <message>``, exit code 2).
 
-from rollouts.errors import RolloutError
+One shape for both packages: ``UserError`` lives in the torch-free data layer
+(``rollouts.errors``); bad rollout data is its subclass ``RolloutError`` (with the ``Problem``
+that names file, row and column).
+"""
 
+from rollouts.errors import Problem, RolloutError, UserError, closest, did_you_mean
 
-class UserError(Exception):
-    """Bad input, configuration or checkpoint: the message says what is wrong and what to do."""
+USER_ERRORS = (UserError,)
 
-
-USER_ERRORS = (UserError, RolloutError)
+__all__ = ["USER_ERRORS", "Problem", "RolloutError", "UserError", "closest", "did_you_mean"]

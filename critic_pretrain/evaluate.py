@@ -48,6 +48,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from rollouts import fileio
+
 from .data import Layout, RolloutStore, loader, pack, to_device
 from .errors import UserError
 from .metrics import N_SUMS, summarize, token_terms
@@ -175,8 +177,8 @@ class Evaluation:
     grid: CalibrationGrid
 
     def to_json(self) -> dict:
-        return _finite({"metrics": self.metrics, "buckets": self.buckets, "calibration": self.calibration,
-                        "calibration_grid": {**dataclasses.asdict(self.grid), "method": (
+        return fileio.plain({"metrics": self.metrics, "buckets": self.buckets, "calibration": self.calibration,
+                             "calibration_grid": {**dataclasses.asdict(self.grid), "method": (
                             "predictions histogrammed on a fixed grid (targets' mean +- 4 std); adjacent cells "
                             "merged into deciles of about equal token count")}})
 
@@ -461,19 +463,6 @@ def _data_summary(store: RolloutStore, indices: np.ndarray, rollouts: list[str] 
             "has_oracle": store.has_oracle, "store": dataclasses.asdict(store.stats)}
 
 
-def _finite(obj):
-    """JSON-safe copy: NaN / inf -> None (json.dumps would write invalid JSON)."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    return obj
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="critic-pretrain eval",
@@ -515,10 +504,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_json(obj: dict, out: Path) -> None:
-    """Write ``obj`` as indented JSON (parents created); an unwritable place is a UserError."""
+    """Write ``obj`` as indented JSON (NaN as null; parents created); an unwritable place is a UserError."""
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(obj, indent=2) + "\n")
+        fileio.write_json(out, obj)
     except OSError as e:
         raise UserError(f"cannot write {out} ({e.strerror}); pass --out FILE.json somewhere writable") from None
 

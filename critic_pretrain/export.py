@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from rollouts import fileio
+
 from . import checkpoint as ckpt
 from .errors import UserError
 from .seed import CONSTANT_TOTAL_ITERS, HEAD, SeedReport, check_seed, config_lines, read_dcp, scheduler_class
@@ -197,7 +199,7 @@ def _is_export(folder: Path) -> bool:
 
 def _publish(tmp: Path, final: Path) -> None:
     """Atomic rename; an existing export is swapped out, never deleted first."""
-    ckpt.replace_dir(tmp, final, final.parent / f".{final.name}.old")
+    fileio.replace_dir(tmp, final)
 
 
 def _self_check(final: Path, fmt: str) -> None:
@@ -287,7 +289,7 @@ def _export_optimizer(src: ckpt.StepPaths, dst: ckpt.StepPaths, result: ExportRe
     meta.update({"scheduler_class": scheduler_class(sched), "current_lr": new_lr, "exported_lr": new_lr})
     if scheduler == "sequential":
         meta.update({"schedule": "constant", "lr_decay_style": "constant", "constant_total_iters": total_iters})
-    ckpt._write_json(dst.scheduler_json, meta)
+    fileio.write_json(dst.scheduler_json, meta)
     result.files[_rel(dst.scheduler_json, dst.root)] = "written"
     what = []
     if scheduler == "sequential":
@@ -363,7 +365,7 @@ def _write_hf_metadata(src: Path, dst: Path, cast, add_bias: bool) -> None:
     if add_bias:
         config["token_classification_bias"] = True
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    fileio.write_json(dst, config, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,7 +542,7 @@ def _write_manifest(src_root: Path, dst_root: Path, fmt: str, *, dtype, add_bias
                             "head_bias_added": add_bias, "optimizer": optimizer}
     if files_list:
         manifest["files"] = ckpt._files_manifest(dst_root)
-    ckpt._write_json(dst_root / ckpt.MANIFEST, manifest)
+    fileio.write_json(dst_root / ckpt.MANIFEST, manifest)
 
 
 def _rel(path: Path, root: Path) -> str:

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import torch
 
+from rollouts import fileio
+
+from .selection import lower_is_better
+
 # Layout of the sums tensor: [n, Σw·(V−R)², ΣR, ΣR², Σ(R−V), Σ(R−V)²]
 N_SUMS = 6
 
@@ -68,16 +72,13 @@ class MetricsLog:
         elif self.path.exists():
             kept = [line for line in self.path.read_text().splitlines()
                     if line.strip() and _step_of(line) <= resume_step]
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
+            fileio.write_text(self.path, "".join(line + "\n" for line in kept))
         self._f = open(self.path, "a")
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        record = {k: _clean(v) for k, v in record.items()}
-        self._f.write(json.dumps(record) + "\n")
+        self._f.write(fileio.dumps(record) + "\n")  # NaN -> null, tensors -> numbers
         self._f.flush()
         if self._tb is not None:
             for k, v in record.items():
@@ -109,7 +110,7 @@ class StopRule:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self.mode = cfg.mode if cfg.mode != "auto" else ("min" if cfg.metric and "loss" in cfg.metric else "max")
+        self.mode = cfg.mode if cfg.mode != "auto" else ("min" if cfg.metric and lower_is_better(cfg.metric) else "max")
         self.best: float | None = None
         self.count = 0
 
@@ -141,14 +142,6 @@ def _step_of(line: str) -> int:
         return int(json.loads(line).get("step", 0))
     except ValueError:
         return 1 << 62  # a torn last line from a crash: drop it
-
-
-def _clean(v):
-    if isinstance(v, torch.Tensor):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

@@ -13,8 +13,6 @@ that shift, also inside packed batches where each sequence starts at ``position_
 from __future__ import annotations
 
 import copy
-import difflib
-import json
 import logging
 from pathlib import Path
 
@@ -22,9 +20,11 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForTokenClassification, PretrainedConfig, PreTrainedModel
 
+from rollouts import fileio
+
 from . import attention
 from .config import ModelConfig
-from .errors import UserError
+from .errors import UserError, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +80,9 @@ def check_config_keys(default: PretrainedConfig, keys) -> None:
     known = set(dir(default)) | set(default.to_dict()) | set(getattr(default, "attribute_map", {})) | LEGACY_CONFIG_KEYS
     for key in keys:
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(k for k in known if not k.startswith("_")), n=1)
-            hint = f"did you mean '{close[0]}'?" if close else "check the spelling against the model's config.json"
-            raise UserError(f"model.config.{key}: {type(default).__name__} has no such field; {hint}")
+            hint = did_you_mean(key, (k for k in known if not k.startswith("_")), list_known=False)
+            raise UserError(f"model.config.{key}: {type(default).__name__} has no such field; "
+                            f"{hint or 'check the spelling against the model config.json'}")
 
 
 def check_config(config: PretrainedConfig, where: str, remote_code: bool = False) -> None:
@@ -363,5 +363,4 @@ def write_value_config(config: PretrainedConfig, path: str | Path, architecture:
     d["classifier_dropout"] = 0.0
     d["architectures"] = [architecture or d.get("architectures", [None])[0]
                           or f"{type(config).__name__.removesuffix('Config')}ForTokenClassification"]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+    fileio.write_json(path, d, sort_keys=True)

@@ -34,8 +34,11 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from rollouts import fileio
+
 from .errors import UserError
 from .metrics import read_metrics
+from .selection import best
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -94,12 +97,9 @@ def load_runs(run_dirs: list[str | os.PathLike]) -> list[RunData]:
 # ---------------------------------------------------------------------------------------------
 # Best step, plateau, over-training
 
-def best_point(steps: np.ndarray, values: np.ndarray, *, higher_is_better: bool = False) -> tuple[int, float] | None:
-    """(step, value) of the best evaluation (the earliest on ties)."""
-    if len(values) == 0:
-        return None
-    i = int(np.argmax(values) if higher_is_better else np.argmin(values))
-    return int(steps[i]), float(values[i])
+def best_point(steps: np.ndarray, values: np.ndarray, metric: str = "val/loss") -> tuple[int, float] | None:
+    """(step, value) of the best evaluation of ``metric`` (``selection.best``: earliest on ties)."""
+    return best(zip(steps.tolist(), values.tolist()), metric)
 
 
 def _oriented(values: np.ndarray, higher_is_better: bool) -> tuple[np.ndarray, float]:
@@ -160,8 +160,9 @@ def pick_checkpoint(run: RunData) -> tuple[list[int], int | None]:
 
     steps, loss = run.series("val/loss")
     saved = sorted(find_checkpoints(run.path))
-    scored = [(loss[list(steps).index(s)], s) for s in saved if s in steps]
-    return saved, (min(scored)[1] if scored else None)
+    at = dict(zip(steps.tolist(), loss.tolist()))
+    chosen = best(((s, at[s]) for s in saved if s in at), "val/loss")
+    return saved, (chosen[0] if chosen else None)
 
 
 def summarize_run(run: RunData, calibration: dict | None = None) -> RunSummary:
@@ -169,7 +170,7 @@ def summarize_run(run: RunData, calibration: dict | None = None) -> RunSummary:
     steps, loss = run.series("val/loss")
     ev_steps, ev = run.series("val/explained_variance")
     saved, pick = pick_checkpoint(run)
-    best_loss, best_ev = best_point(steps, loss), best_point(ev_steps, ev, higher_is_better=True)
+    best_loss, best_ev = best_point(steps, loss), best_point(ev_steps, ev, "val/explained_variance")
 
     def val_record(step) -> dict:
         return run.record_at(int(step), "val/loss") if step is not None else {}
@@ -466,7 +467,7 @@ def write_report(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
         fig.savefig(path)
         written.append(path)
     text = summary_markdown([summarize_run(run, calibrations[run.name]) for run in runs])
-    (out / "report.md").write_text(text)
+    fileio.write_text(out / "report.md", text)
     written.append(out / "report.md")
     return written, text
 

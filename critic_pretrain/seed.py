@@ -25,7 +25,6 @@ checked too when ``--for verl|openrlhf|trl`` is given.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import logging
 import math
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from . import checkpoint as ckpt
-from .errors import UserError
+from .errors import UserError, closest
 
 log = logging.getLogger(__name__)
 
@@ -241,10 +240,9 @@ def _did_you_mean(p: Path) -> str:
         parent = Path(*parts[:i])
         if parent.is_dir():
             missing = parts[i]
-            names = sorted(d.name for d in parent.iterdir() if d.is_dir())
-            close = difflib.get_close_matches(missing, names, n=1, cutoff=0.6)
+            close = closest(missing, (d.name for d in parent.iterdir() if d.is_dir()))
             if close:
-                return f"did you mean {Path(parent, close[0], *parts[i + 1:])}?"
+                return f"did you mean {Path(parent, close, *parts[i + 1:])}?"
             return f"{parent} exists but has no {missing!r}"
     return ""
 

@@ -39,6 +39,7 @@ from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, 
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, position_limit,
                                    set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, scheduler_metadata
+from rollouts import fileio
 
 log = logging.getLogger("critic_pretrain")
 
@@ -187,7 +188,11 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
         config_changes, data_changes = [], []
     if is_main:
-        ckpt.write_text_atomic(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        try:
+            fileio.write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        except OSError as e:
+            raise UserError(f"cannot write {out / 'config.yaml'} ({e.strerror or e}); free space or fix the "
+                            "folder's permissions, then re-run") from None
     set_seed(cfg.seed)
 
     # ---- data ---------------------------------------------------------------------------------

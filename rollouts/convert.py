@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from . import schema as S
 from .errors import Problem, RolloutError
+from .fileio import publish_files
 from .paths import PARQUET_SUFFIXES, resolve
 from .validate import check_batch
 from .writer import DEFAULT_SHARD_ROWS, ShardWriter, table_from_rows
@@ -698,17 +699,6 @@ def _prepare_out(out: Path, overwrite: bool, quarantine: Path | None) -> tuple[l
     return entries, False
 
 
-def _publish(staged: list[Path], out: Path, old: list[Path]) -> list[Path]:
-    for path in old:
-        path.unlink()
-    published = []
-    for path in staged:
-        target = out / path.name
-        os.replace(path, target)
-        published.append(target)
-    return published
-
-
 def _run(source: _Source, out_dir: str | os.PathLike, *, shard_rows: int, on_bad: OnBad,
          quarantine: str | os.PathLike | None, overwrite: bool, progress: Progress | None) -> ConvertResult:
     """Convert every file of ``source`` into shards staged in ``out_dir`` and published at the end."""
@@ -729,7 +719,7 @@ def _run(source: _Source, out_dir: str | os.PathLike, *, shard_rows: int, on_bad
                 if progress is not None:
                     progress(f"{path}: {rows:,} rows")
         # Nothing converted: a previous conversion in --out stays as it was.
-        shards = _publish(writer.paths, out, old) if writer.rows_written else []
+        shards = publish_files(writer.paths, out, old) if writer.rows_written else []
         staging.rmdir()
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,9 +1,34 @@
-"""One-line, actionable problems with rollout data."""
+"""Errors a user sees: one line that says what is wrong and what to do. Shared by the data
+layer and the trainer (``critic_pretrain.errors`` re-exports them), and printed the same way
+by the one command-line error handler (``error: <message>``, exit code 2).
+"""
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import asdict, dataclass
+from typing import Iterable
+
+
+class UserError(Exception):
+    """Bad input, configuration or checkpoint: the message says what is wrong and what to do."""
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice most like ``word`` (a likely typo of it), or None."""
+    close = difflib.get_close_matches(str(word), sorted({str(c) for c in choices}), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, list_known: bool = True) -> str:
+    """"did you mean 'x'?" for the closest choice, else "known: a, b, ..." ('' with
+    ``list_known=False``)."""
+    choices = sorted({str(c) for c in choices})
+    close = closest(word, choices)
+    if close:
+        return f"did you mean '{close}'?"
+    return f"known: {', '.join(choices)}" if list_known and choices else ""
 
 
 @dataclass(frozen=True)
@@ -34,7 +59,7 @@ class Problem:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-class RolloutError(ValueError):
+class RolloutError(UserError, ValueError):
     """Bad rollout data. ``str(err)`` is a single line naming file, row and column."""
 
     def __init__(self, problem: Problem | str):

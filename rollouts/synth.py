@@ -81,10 +81,11 @@ API: ``generate`` (a table), ``write`` (shards and a ``_synth.json`` manifest),
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from itertools import product
@@ -95,6 +96,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import RolloutError
+from .fileio import publish_files, write_json
 from .schema import canonical_schema
 from .writer import DEFAULT_SHARD_ROWS, ShardWriter
 
@@ -765,32 +767,42 @@ def _write(out_dir: str | os.PathLike, rows: int, seed: int, shard_rows: int, ov
         raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
     env = make_env(**env_params)
     out = Path(out_dir)
-    _clear(out, overwrite)
-    stats = ValueStats(env.params.gamma, env.params.token_penalty)
-    with ShardWriter(out, shard_rows=shard_rows) as writer:
-        for table in env.tables(rows, seed):
-            stats.add(table)
-            writer.write_table(table)
-    manifest = {
-        "generator": "rollouts.synth",
-        "rows": rows,
-        "seed": seed,
-        "shard_rows": shard_rows,
-        "params": asdict(env.params),
-        "length_scale": env.scale,
-        "vocab_size": VOCAB_SIZE,
-        "shards": [p.name for p in writer.paths],
-        "stats": stats.result(),
-    }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return writer.paths, manifest
+    old = _shards_to_replace(out, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    # Staged in a hidden folder inside `out` (readers skip it): the folder shows the old shards
+    # or the new ones, never a half-written mix, whatever stops the generator.
+    staging = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
+    try:
+        stats = ValueStats(env.params.gamma, env.params.token_penalty)
+        with ShardWriter(staging, shard_rows=shard_rows) as writer:
+            for table in env.tables(rows, seed):
+                stats.add(table)
+                writer.write_table(table)
+        manifest = {
+            "generator": "rollouts.synth",
+            "rows": rows,
+            "seed": seed,
+            "shard_rows": shard_rows,
+            "params": asdict(env.params),
+            "length_scale": env.scale,
+            "vocab_size": VOCAB_SIZE,
+            "shards": [p.name for p in writer.paths],
+            "stats": stats.result(),
+        }
+        write_json(staging / MANIFEST, manifest)
+        published = publish_files([*writer.paths, staging / MANIFEST], out, old)
+        staging.rmdir()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [p for p in published if p.suffix == ".parquet"], manifest
 
 
-def _clear(out: Path, overwrite: bool) -> None:
-    """Make sure new shards cannot mix with old ones in ``out``."""
+def _shards_to_replace(out: Path, overwrite: bool) -> list[Path]:
+    """The shards new ones will replace; refuses to mix with other parquet files."""
     existing = sorted(out.glob("*.parquet")) if out.is_dir() else []
     if not existing:
-        return
+        return []
     if not overwrite:
         raise RolloutError(f"{out} already holds {len(existing)} parquet file(s); write to an empty "
                            "folder, or pass --overwrite to replace its part-*.parquet shards")
@@ -798,8 +810,7 @@ def _clear(out: Path, overwrite: bool) -> None:
     if foreign:
         raise RolloutError(f"{out} holds parquet files this generator does not write ({', '.join(foreign[:3])}); "
                            "refusing to mix them with synthetic shards: use another folder")
-    for p in existing:
-        p.unlink()
+    return existing
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
