@@ -166,7 +166,7 @@ def run_matrix(data: Path, work: Path) -> list[Outcome]:
     def plant(step: Path) -> None:
         (p(step).optim_dir / ".metadata").write_bytes(pickle.dumps(_Exec(work / "pickle_ran")))
         manifest = json.loads(p(step).manifest.read_text())
-        manifest["files"] = ckpt._files_manifest(step)  # sizes and checksums made to match
+        manifest["files"] = ckpt.files_manifest(step)  # sizes and checksums made to match
         p(step).manifest.write_text(json.dumps(manifest))
 
     damaged("planted pickle in the optimizer metadata, checksums matching", plant)

@@ -263,9 +263,8 @@ def job_state(job: Job) -> JobState:
 
 def _stopped_early(paths: StepPaths) -> str | None:
     try:
-        state = json.loads((paths.resume_dir / "state.json").read_text())
-        return state.get("progress", {}).get("stopped_early")
-    except (OSError, ValueError, AttributeError):
+        return (paths.read_resume_state() or {}).get("progress", {}).get("stopped_early")
+    except AttributeError:  # a foreign state.json of another shape
         return None
 
 

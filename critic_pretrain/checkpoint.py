@@ -8,8 +8,13 @@
         value/tokenizer/                   when a tokenizer is known
         training_info.json                 NeMo-RL's keys + latest val:<metric>
         config.yaml                        the resolved run config
-        critic_pretrain.json               our manifest (format, targets, data, versions, files)
-        resume/                            data position and RNG per rank (ours)
+        critic_pretrain.json               our manifest: format, targets, data, accepted config
+                                           changes, versions, every file's size and checksum
+        resume/state.json                  step, epoch, data position, early-stop reason (ours)
+        resume/rng_rank<r>.safetensors     each rank's RNG state (ours; no pickle)
+
+``StepPaths`` names every one of these files; this module writes them all (``save_checkpoint``,
+also for the NeMo-RL export's copy) and reads them back.
 
 Saves are atomic: everything is written under ``tmp_step_<n>`` and renamed at the end, so
 a folder named ``step_<n>`` is complete. ``find_checkpoints`` additionally checks the
@@ -63,11 +68,24 @@ OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 @dataclass(frozen=True)
 class StepPaths:
+    """Every path of one ``step_<n>`` folder (the tree in this module's docstring), and readers
+    for its small files. No other module builds these paths by hand."""
+
     root: Path
+
+    # value/: what NeMo-RL loads
+    @property
+    def value_dir(self) -> Path:
+        return self.root / "value"
+
+    @property
+    def weights_root(self) -> Path:
+        """value/weights: NeMo-RL refuses a warm start without it."""
+        return self.value_dir / "weights"
 
     @property
     def weights_dir(self) -> Path:
-        return self.root / "value" / "weights" / "model"
+        return self.weights_root / "model"
 
     @property
     def weights(self) -> Path:
@@ -78,20 +96,29 @@ class StepPaths:
         return self.weights_dir / ".hf_metadata" / "config.json"
 
     @property
+    def optimizer_dir(self) -> Path:
+        return self.value_dir / "optimizer"
+
+    @property
     def optim_dir(self) -> Path:
-        return self.root / "value" / "optimizer" / "optim"
+        return self.optimizer_dir / "optim"
 
     @property
     def scheduler_json(self) -> Path:
-        return self.root / "value" / "optimizer" / "scheduler.json"
+        return self.optimizer_dir / "scheduler.json"
 
     @property
     def tokenizer_dir(self) -> Path:
-        return self.root / "value" / "tokenizer"
+        return self.value_dir / "tokenizer"
 
+    # the step's own records
     @property
     def training_info(self) -> Path:
         return self.root / "training_info.json"
+
+    @property
+    def config_yaml(self) -> Path:
+        return self.root / "config.yaml"
 
     @property
     def manifest(self) -> Path:
@@ -100,6 +127,40 @@ class StepPaths:
     @property
     def resume_dir(self) -> Path:
         return self.root / "resume"
+
+    @property
+    def resume_state(self) -> Path:
+        return self.resume_dir / "state.json"
+
+    def rng(self, rank: int) -> Path:
+        return self.resume_dir / f"rng_rank{rank}.safetensors"
+
+    # readers (None when the file is missing or unreadable)
+    def read_manifest(self) -> dict | None:
+        return _read_json(self.manifest)
+
+    def read_training_info(self) -> dict | None:
+        return _read_json(self.training_info)
+
+    def read_resume_state(self) -> dict | None:
+        return _read_json(self.resume_state)
+
+    def read_config(self) -> dict | None:
+        """config.yaml as a plain mapping (``config.load_config`` builds the typed one)."""
+        import yaml
+        try:
+            doc = yaml.safe_load(self.config_yaml.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +298,7 @@ def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path
 # ---------------------------------------------------------------------------------------------
 # Saving
 
-def _files_manifest(root: Path) -> dict[str, dict]:
+def files_manifest(root: Path) -> dict[str, dict]:
     """Size and checksum of every file under ``root`` (the manifest aside)."""
     return {str(f.relative_to(root)): {"size": f.stat().st_size, CHECKSUM: file_checksum(f)}
             for f in sorted(root.rglob("*")) if f.is_file() and f.name != MANIFEST}
@@ -369,18 +430,18 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         with _single_process_ok():
             dcp.save(optim_state, checkpoint_id=str(p.optim_dir), no_dist=not _distributed())
     _fault("after_optimizer", step)
-    save_rng_state(p.resume_dir / f"rng_rank{rank}.safetensors", rng_state())
+    save_rng_state(p.rng(rank), rng_state())
     barrier()
 
     if is_main:
         if scheduler_meta is not None:
             fileio.write_json(p.scheduler_json, scheduler_meta)
         fileio.write_json(p.training_info, training_info)
-        fileio.write_text(tmp / "config.yaml", config_yaml)
-        fileio.write_json(p.resume_dir / "state.json", resume_state)
+        fileio.write_text(p.config_yaml, config_yaml)
+        fileio.write_json(p.resume_state, resume_state)
         _fault("before_manifest", step)
         manifest = {**manifest, "format_version": FORMAT_VERSION, "step": step,
-                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": _files_manifest(tmp)}
+                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files_manifest(tmp)}
         fileio.write_json(p.manifest, manifest)
         fileio.fsync_tree(tmp)
 
@@ -484,8 +545,10 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sch
 def load_resume_state(step_dir: Path, rank: int) -> tuple[dict, dict | None]:
     """(resume state, this rank's RNG state or None when the world size changed)."""
     p = StepPaths(step_dir)
-    state = json.loads((p.resume_dir / "state.json").read_text())
-    rng_file = p.resume_dir / f"rng_rank{rank}.safetensors"
+    state = p.read_resume_state()
+    if state is None:
+        raise UserError(f"{p.resume_state} is missing or unreadable; resume from another step")
+    rng_file = p.rng(rank)
     return state, (load_rng_state(rng_file) if rng_file.is_file() else None)  # older pickled .pt: not loaded
 
 

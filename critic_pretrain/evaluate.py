@@ -50,6 +50,7 @@ import torch
 
 from rollouts import fileio
 
+from . import checkpoint as ckpt
 from .data import Layout, RolloutStore, loader, pack, to_device
 from .errors import UserError
 from .metrics import N_SUMS, summarize, token_terms
@@ -329,7 +330,6 @@ def checkpoint_model_config(step_dir: Path, cfg, trust_remote_code: bool = False
     """(ModelConfig, HF config) of ``step_dir``'s value model, from its own config.json (no
     backbone download), with the run's head settings and attention. ``trust_remote_code``
     comes from the caller (the user's command line), never from the checkpoint's config.yaml."""
-    from . import checkpoint as ckpt
     from .model import build_config
 
     hf_config = json.loads(ckpt.StepPaths(step_dir).hf_config.read_text())
@@ -341,7 +341,6 @@ def checkpoint_model_config(step_dir: Path, cfg, trust_remote_code: bool = False
 def load_checkpoint_model(step_dir: Path, cfg, device: torch.device, trust_remote_code: bool = False,
                           ) -> torch.nn.Module:
     """The value model of ``step_dir``, weights loaded strictly (see ``checkpoint_model_config``)."""
-    from . import checkpoint as ckpt
     from .model import build_value_model
 
     model_cfg, hf_config = checkpoint_model_config(step_dir, cfg, trust_remote_code)
@@ -352,7 +351,6 @@ def load_checkpoint_model(step_dir: Path, cfg, device: torch.device, trust_remot
 
 def checked_step_dir(path: str) -> Path:
     """``path`` as a complete ``step_<n>`` checkpoint folder, or a one-line UserError."""
-    from . import checkpoint as ckpt
 
     step_dir = Path(path)
     if not step_dir.exists():
@@ -363,7 +361,7 @@ def checked_step_dir(path: str) -> Path:
     if problem:
         raise UserError(f"{path}: not a complete critic-pretrain checkpoint ({problem}); "
                         "pass a step_<n> folder written by `critic-pretrain train`")
-    if not (step_dir / "config.yaml").is_file():
+    if not ckpt.StepPaths(step_dir).config_yaml.is_file():
         raise UserError(f"{path}: has no config.yaml (needed to build targets as in training); "
                         "pass a step_<n> folder written by `critic-pretrain train`")
     return step_dir
@@ -392,7 +390,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     from .model import position_limit
 
     step_dir = checked_step_dir(str(step_dir))
-    cfg = load_config(step_dir / "config.yaml")
+    cfg = load_config(ckpt.StepPaths(step_dir).config_yaml)
     dev = resolve_device(device)
     hf_config = checkpoint_model_config(step_dir, cfg, trust_remote_code)[1]
     model_limit, vocab_size = position_limit(hf_config), hf_config.vocab_size
@@ -420,8 +418,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
             result = evaluate_detailed(model, store, indices, max_tokens=batch_tokens, max_length=max_length,
                                        layout=Layout(1, 0, 1), device=dev, token_cap=token_cap, prefix="eval")
         data_summary = _data_summary(store, indices, rollouts, split, max_length)
-    info = json.loads((step_dir / "training_info.json").read_text()) if (step_dir / "training_info.json").is_file() \
-        else {}
+    info = ckpt.StepPaths(step_dir).read_training_info() or {}
     return {
         "checkpoint": {"path": str(step_dir.resolve()), "step": info.get("total_steps"),
                        "targets": dataclasses.asdict(cfg.targets)},

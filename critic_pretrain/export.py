@@ -128,7 +128,7 @@ def export(step_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, dty
     result.out = final
     _self_check(final, fmt)
     facts = {**report.facts, "normalization": result.normalization}
-    sched = None if fmt != "nemo-rl" or not (final / "value" / "optimizer").exists() else scheduler
+    sched = None if fmt != "nemo-rl" or not ckpt.StepPaths(final).optimizer_dir.exists() else scheduler
     result.config_lines = config_lines(TARGET[fmt], final, facts, scheduler=sched, total_iters=total_iters)
     if fmt == "trl" and result.head_bias:
         result.config_lines += _trl_bias_snippet()
@@ -233,9 +233,9 @@ def _export_nemo_rl(report: SeedReport, tmp: Path, *, cast, drop_optimizer: bool
     else:
         _write_hf_metadata(src.hf_config, dst.hf_config, cast, add_bias)
         result.files[_rel(dst.hf_config, tmp)] = "written"
-    for name in ("training_info.json", "config.yaml"):
-        if (src.root / name).is_file():
-            result.files[name] = _place(src.root / name, tmp / name, link)
+    for path, target in ((src.training_info, dst.training_info), (src.config_yaml, dst.config_yaml)):
+        if path.is_file():
+            result.files[_rel(target, tmp)] = _place(path, target, link)
     _add_tokenizer(src.tokenizer_dir, tokenizer, dst.tokenizer_dir, result, link)
     optimizer = _export_optimizer(src, dst, result, drop_optimizer=drop_optimizer, scheduler=scheduler, lr=lr,
                                   total_iters=total_iters, add_bias=add_bias, link=link)
@@ -541,7 +541,7 @@ def _write_manifest(src_root: Path, dst_root: Path, fmt: str, *, dtype, add_bias
                             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dtype": _dtype_name(dtype) if dtype else None,
                             "head_bias_added": add_bias, "optimizer": optimizer}
     if files_list:
-        manifest["files"] = ckpt._files_manifest(dst_root)
+        manifest["files"] = ckpt.files_manifest(dst_root)
     fileio.write_json(dst_root / ckpt.MANIFEST, manifest)
 
 

@@ -201,7 +201,7 @@ def _resolve(report: SeedReport, raw: str | Path | None) -> Path | None:
         report.fail("path", f"{p} is an unfinished save (tmp_step_{m.group(1)}: the run crashed or is still writing it); "
                             f"{hint}, or wait for the save to finish")
         return None
-    if (p / "value").is_dir():
+    if ckpt.StepPaths(p).value_dir.is_dir():
         report.kind = "step"
         return p
     if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
@@ -253,12 +253,12 @@ def _did_you_mean(p: Path) -> str:
 def _check_step(report: SeedReport, root: Path, ppo_config, ppo_config_path, finite: bool) -> None:
     p = ckpt.StepPaths(root)
     report.facts["step"] = ckpt.step_number(root)
-    if not (root / "value" / "weights").is_dir():
+    if not ckpt.StepPaths(root).weights_root.is_dir():
         report.fail("weights", f"{root} has no value/weights: NeMo-RL refuses it; pass a complete step_<n> "
                                "folder or re-export one with critic-pretrain export --format nemo-rl")
         return
     files = sorted(p.weights_dir.glob("*.safetensors")) if p.weights_dir.is_dir() else []
-    _check_strays(report, root / "value" / "weights")
+    _check_strays(report, ckpt.StepPaths(root).weights_root)
     manifest = _check_manifest(report, root)
     _check_training_info(report, root)
     if not files:

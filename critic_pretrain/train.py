@@ -244,13 +244,12 @@ def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
     with) unless ``train.allow_config_changes`` names it; then it joins the history recorded
     in later manifests. Nothing in the output folder is touched before this check.
     """
-    try:
-        old = yaml.safe_load((step_dir / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{step_dir}/config.yaml cannot be read ({e}); resume from another step "
-                        "(checkpoint.load_step=N) or use a new output_dir") from None
-    manifest = json.loads(ckpt.StepPaths(step_dir).manifest.read_text())
-    history = list(manifest.get("config_changes", []))
+    paths = ckpt.StepPaths(step_dir)
+    old = paths.read_config()
+    if old is None:
+        raise UserError(f"{paths.config_yaml} cannot be read; resume from another step (checkpoint.load_step=N) "
+                        "or use a new output_dir")
+    history = list((paths.read_manifest() or {}).get("config_changes", []))
     changes = run_changes(old, cfg)
     refused = refused_changes(changes, cfg.train.allow_config_changes)
     if refused:

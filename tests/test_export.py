@@ -248,7 +248,7 @@ def test_nemo_rl_loader_accepts_extra_keys_and_nan_but_the_seed_check_does_not(s
     save_file(state, ckpt.StepPaths(seed).weights, metadata={"format": "pt"})
     assert "does not match its checksum" in str(check_seed(seed).problems)  # edited after the save
     manifest = json.loads((seed / ckpt.MANIFEST).read_text())
-    manifest["files"] = ckpt._files_manifest(seed)  # as if training itself had saved the NaN
+    manifest["files"] = ckpt.files_manifest(seed)  # as if training itself had saved the NaN
     (seed / ckpt.MANIFEST).write_text(json.dumps(manifest))
     model, _, _ = nemo_rl_load(seed)
     assert torch.isnan(model.model.norm.weight).any()

@@ -54,7 +54,7 @@ def rewrite_weights(step: Path, edit) -> None:
     edit(state)
     save_file(state, path, metadata={"format": "pt"})
     manifest = json.loads((step / ckpt.MANIFEST).read_text())
-    manifest["files"] = ckpt._files_manifest(step)
+    manifest["files"] = ckpt.files_manifest(step)
     (step / ckpt.MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -280,7 +280,7 @@ def _rewrite_optimizer(step: Path, make) -> None:
         warnings.simplefilter("ignore", UserWarning)  # "torch.distributed is disabled": one process is the intent
         dcp.save(state, checkpoint_id=str(p.optim_dir), no_dist=True)
     manifest = json.loads(p.manifest.read_text())
-    manifest["files"] = ckpt._files_manifest(step)
+    manifest["files"] = ckpt.files_manifest(step)
     p.manifest.write_text(json.dumps(manifest))
 
 

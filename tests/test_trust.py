@@ -91,7 +91,7 @@ class _Exec:
 def refresh_manifest(step: Path) -> None:
     """What an attacker can do: make the manifest's sizes and checksums match the planted files."""
     manifest = json.loads((step / ckpt.MANIFEST).read_text())
-    manifest["files"] = ckpt._files_manifest(step)
+    manifest["files"] = ckpt.files_manifest(step)
     (step / ckpt.MANIFEST).write_text(json.dumps(manifest))
 
 
