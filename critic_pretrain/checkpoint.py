@@ -54,8 +54,9 @@ from torch.distributed.checkpoint.state_dict import (
 from rollouts import fileio
 
 from .errors import UserError
-from .selection import ranked
+from .interop.dcp import UntrustedContent, dcp_load
 from .model import write_value_config
+from .selection import ranked
 
 log = logging.getLogger(__name__)
 
@@ -550,121 +551,6 @@ def load_resume_state(step_dir: Path, rank: int) -> tuple[dict, dict | None]:
         raise UserError(f"{p.resume_state} is missing or unreadable; resume from another step")
     rng_file = p.rng(rank)
     return state, (load_rng_state(rng_file) if rng_file.is_file() else None)  # older pickled .pt: not loaded
-
-
-# ---------------------------------------------------------------------------------------------
-# torch.distributed.checkpoint without pickle's code execution
-#
-# DCP stores `.metadata` with pickle and loads non-tensor entries with torch.load(weights_only=
-# False): a planted folder could run code. We read metadata with an unpickler that builds only
-# DCP's own metadata classes (and the torch dtypes / sizes they hold), and non-tensor entries with
-# torch.load(weights_only=True). Tensor entries are already read with weights_only=True.
-
-class UntrustedContent(Exception):
-    """A checkpoint file asks for something outside the allow-list (nothing was executed)."""
-
-
-def _allowed_global(module: str, name: str):
-    import pathlib
-
-    import torch.distributed.checkpoint.filesystem as dcp_fs
-    import torch.distributed.checkpoint.metadata as dcp_md
-
-    if module == dcp_md.__name__:
-        obj = getattr(dcp_md, name, None)
-        if isinstance(obj, type):
-            return obj
-    if (module, name) == (dcp_fs.__name__, "_StorageInfo"):
-        return dcp_fs._StorageInfo
-    if module == "torch":
-        obj = getattr(torch, name, None)
-        if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
-            return obj
-    if (module, name) == ("torch.serialization", "_get_layout"):
-        from torch.serialization import _get_layout
-        return _get_layout  # maps a layout name to a torch.layout
-    if module == "pathlib" and name in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"):
-        return getattr(pathlib, name)
-    if (module, name) == ("collections", "OrderedDict"):
-        import collections
-        return collections.OrderedDict
-    return None
-
-
-class _MetadataUnpickler(__import__("pickle").Unpickler):
-    def find_class(self, module: str, name: str):
-        obj = _allowed_global(module, name)
-        if obj is None:
-            raise UntrustedContent(f"DCP metadata refers to {module}.{name}, which is not part of a checkpoint")
-        return obj
-
-
-def _safe_reader(path: Path):
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class SafeFileSystemReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any):
-            meta_path = Path(str(self.path)) / ".metadata"
-            try:
-                with open(meta_path, "rb") as f:
-                    metadata = _MetadataUnpickler(f).load()
-            except UntrustedContent:
-                raise
-            except Exception as e:  # a truncated or foreign file
-                raise UntrustedContent(f"unreadable DCP metadata ({type(e).__name__}: {e})") from None
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = getattr(self, "load_id", None)
-            return metadata
-
-    return SafeFileSystemReader(str(path))
-
-
-def _safe_planner():
-    import io
-    import pickle
-
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-    from torch.distributed.checkpoint._traverse import set_element
-
-    class SafeLoadPlanner(DefaultLoadPlanner):
-        def load_bytes(self, read_item, value: io.BytesIO) -> None:
-            """DefaultLoadPlanner.load_bytes with ``weights_only=True``: plain data only."""
-            try:
-                obj = torch.load(value, weights_only=True)
-            except pickle.UnpicklingError as e:
-                raise UntrustedContent(f"a non-tensor entry is not plain data ({_first_line(e)})") from None
-            if self.flatten_state_dict:
-                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-            else:
-                self.state_dict[read_item.dest_index.fqn] = obj
-
-    return SafeLoadPlanner()
-
-
-def dcp_metadata(path: Path):
-    """The ``Metadata`` of a DCP folder, read without running code."""
-    return _safe_reader(path).read_metadata()
-
-
-def dcp_load(state: dict, path: Path) -> None:
-    """``dcp.load(state)`` from ``path``, with the safe reader and planner."""
-    reader = _safe_reader(path)
-    reader.read_metadata()  # refuse a foreign .metadata here, before DCP wraps the error per rank
-    with _single_process_ok():
-        try:
-            dcp.load(state, storage_reader=reader, planner=_safe_planner(), no_dist=not _distributed())
-        except dcp.api.CheckpointException as e:
-            ours = [line for line in str(e).splitlines() if "not plain data" in line or "not part of" in line]
-            if ours:
-                raise UntrustedContent(ours[0].split("AssertionError: ")[-1].strip()) from None
-            raise
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
 
 
 def library_versions() -> dict[str, str]:

@@ -26,8 +26,8 @@ COMMANDS = {
     "demo": (None, "train the tiny default on the bundled sample rollouts (configs/demo.yaml)"),
     "eval": ("critic_pretrain.evaluate", "evaluate a checkpoint on any rollouts and write JSON"),
     "report": ("critic_pretrain.report", "PNG plots and a summary of one or more runs"),
-    "export": ("critic_pretrain.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
-    "seed": ("critic_pretrain.seed", "check a seed before a PPO run loads it: seed check PATH"),
+    "export": ("critic_pretrain.interop.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
+    "seed": ("critic_pretrain.interop.check", "check a seed before a PPO run loads it: seed check PATH"),
     "bench": ("critic_pretrain.bench", "throughput benchmark: ours vs a plain padded loop"),
     "batch": ("critic_pretrain.batch", "run several train jobs from a JOBS.yaml, resumable, with a summary"),
 }

@@ -457,11 +457,12 @@ def train_loop(run: Run, preempt: Preemption) -> int:
     run.metrics.close()
     acc.end_training()
     if acc.is_main_process:  # check the seed the way a PPO run will load it, and print the config lines
-        from critic_pretrain.seed import main as seed_check
+        from critic_pretrain.interop.check import check_seed, print_report
         target = "nemo-rl" if cfg.model.head_bias else "openrlhf"  # bias-free heads are for OpenRLHF/TRL
         print()
-        return seed_check(["check", str((run.out / f"step_{prog.step}").resolve()), "--for", target])
-    return 0
+        if print_report(check_seed((run.out / f"step_{prog.step}").resolve(), target)) != 0:
+            log.warning("training finished, but step_%d is not a usable %s seed (above)", prog.step, target)
+    return 0  # the training result; the seed check above says whether a PPO run can use the seed
 
 
 def validate(run: Run, step: int) -> None:

@@ -47,9 +47,9 @@ from conftest import toy_rows, tiny_overrides
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.cli import main as cli_main
 from critic_pretrain.config import load_config
-from critic_pretrain.export import export
+from critic_pretrain.interop.export import export
 from critic_pretrain.model import build_value_model, token_values
-from critic_pretrain.seed import check_seed
+from critic_pretrain.interop.check import check_seed
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # we test the experimental PPO on purpose
 PAD = 0  # toy token ids start at 1: 0 never occurs, as TRL's pad-by-token-id masking needs

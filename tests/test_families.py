@@ -102,7 +102,7 @@ def eager_values(folder: Path, rows: list[dict]) -> list[np.ndarray]:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_trains_what_ppo_runs(family, toy_data, rows, rows_file, tmp_path, monkeypatch):
     from critic_pretrain.evaluate import evaluate_checkpoint
-    from critic_pretrain.export import export
+    from critic_pretrain.interop.export import export
     from critic_pretrain.train import main as train_main
 
     over = tiny_overrides(tmp_path / "run", toy_data, **{"train.max_steps": 2, "checkpoint.save_every": 2,

@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from conftest import ROOT, tiny_overrides
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.cli import main as cli_main
-from critic_pretrain.seed import check_seed, config_lines, nemo_rl_reward_scaling
+from critic_pretrain.interop.check import check_seed
+from critic_pretrain.interop.frameworks import config_lines, nemo_rl_reward_scaling
 
 
 @pytest.fixture(scope="module")

@@ -154,7 +154,7 @@ def flip_byte(path: Path, offset: int) -> None:
 
 def test_same_size_corruption_falls_back_and_is_refused(trained, toy_data, tmp_path, capsys, caplog):
     from critic_pretrain.cli import main as cli_main
-    from critic_pretrain.seed import check_seed
+    from critic_pretrain.interop.check import check_seed
     out = tmp_path / "run"
     shutil.copytree(trained, out)
     weights = ckpt.StepPaths(out / "step_4").weights

@@ -1,8 +1,11 @@
 """Check a critic seed before a PPO run loads it: ``critic-pretrain seed check PATH``.
 
+("Seed" here is the checkpoint a PPO run warm-starts its critic from; the RNG seed is ``seed``
+in the run config.)
+
 A seed that a PPO framework half-loads wastes a whole PPO allocation before anyone notices.
 NeMo-RL's own check only asks that ``<path>/value/weights`` exists; its loader then ignores
-extra keys and loads NaN weights silently (DESIGN.md, contract 1). This module checks what
+extra keys and loads NaN weights silently (docs/design.md). This module checks what
 the frameworks do not:
 
 - the path: empty, misspelt, a run folder instead of a ``step_<n>`` folder, an unfinished
@@ -34,21 +37,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint as ckpt
-from .errors import UserError, closest
+from .. import checkpoint as ckpt
+from ..errors import UserError, closest
+from .dcp import dcp_metadata, read_dcp, scheduler_class
+from .frameworks import (BIASED_TARGETS, FRAMEWORKS, HEAD, TARGETS, _describe_head, _describe_optimizer,
+                         _describe_targets, _target_std, config_lines)
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("nemo-rl", "verl", "openrlhf", "trl")
-# Targets whose critic class has a head bias (HF *ForTokenClassification); the others use a
-# bias-free Linear (OpenRLHF's value head, TRL's AutoModelForSequenceClassification.score).
-BIASED_TARGETS = ("nemo-rl", "verl")
 TMP_STEP_RE = re.compile(r"^tmp_step_(\d+)$")
 LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-HEAD = "score"
-# NeMo-RL's PPO example (examples/configs/ppo_math_1B.yaml, value.scheduler): ConstantLR
-# with this many iterations inside SequentialLR with no milestones.
-CONSTANT_TOTAL_ITERS = 10_000_000_000
 EXPORT_MANIFEST = ckpt.MANIFEST  # exported HF folders carry a copy of our manifest
 DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64"}
 
@@ -117,21 +115,8 @@ class SeedReport:
         opt = f.get("optimizer")
         if self.kind == "step":
             lines.append("  optimizer: " + (_describe_optimizer(opt) if opt else "none (the PPO run builds a fresh one)"))
-        lines.append(f"  {self.target} needs: {NEEDS[self.target]}")
+        lines.append(f"  {self.target} needs: {FRAMEWORKS[self.target].needs}")
         return "\n".join(lines)
-
-
-NEEDS = {
-    "nemo-rl": "<step>/value/weights/model/*.safetensors with exactly the keys of "
-               "AutoModelForTokenClassification(config, num_labels=1) (score.weight [1, H], score.bias [1]); "
-               "optimizer state optional (ignored on a warm start since PR #4213; older versions load it)",
-    "verl": "a Hugging Face *ForTokenClassification folder (config.json num_labels 1, model.safetensors) "
-            "for critic.model.path: `critic-pretrain export STEP --format hf`",
-    "openrlhf": "an AutoModel backbone + a bias-free Linear named by config.value_head_prefix: "
-                "`critic-pretrain export STEP --format openrlhf`",
-    "trl": "an AutoModelForSequenceClassification folder (score without bias): "
-           "`critic-pretrain export STEP --format trl`",
-}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -576,56 +561,6 @@ def _earlier_step(root: Path) -> Path | None:
 # ---------------------------------------------------------------------------------------------
 # Optimizer
 
-def read_dcp(path: Path, *, tensors: bool) -> dict:
-    """Load a torch.distributed.checkpoint folder without knowing its structure.
-
-    Builds the nested state dict from the checkpoint's own metadata (``planner_data`` holds
-    each entry's path) and loads into it with the public ``dcp.load``. ``tensors=False``
-    reads only the non-tensor entries (param groups, scheduler): cheap for any model size.
-    """
-    import torch
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
-
-    md = ckpt.dcp_metadata(path)  # no pickle code runs: see checkpoint.dcp_load
-    state: dict = {}
-    for key, meta in md.state_dict_metadata.items():
-        where = (md.planner_data or {}).get(key, (key,))
-        if isinstance(meta, BytesStorageMetadata):
-            _put(state, where, None)
-        elif tensors and isinstance(meta, TensorStorageMetadata):
-            _put(state, where, torch.empty(meta.size, dtype=meta.properties.dtype))
-    ckpt.dcp_load(state, path)
-    return state
-
-
-def _put(root: dict, path: tuple, value) -> None:
-    """Set ``root[path[0]][path[1]]... = value``, creating dicts (or lists for int keys)."""
-    node: Any = root
-    for key, nxt in zip(path, path[1:]):
-        child = [] if isinstance(nxt, int) else {}
-        if isinstance(node, list):
-            node.extend([None] * (key + 1 - len(node)))
-            node[key] = node[key] if node[key] is not None else child
-            node = node[key]
-        else:
-            node = node.setdefault(key, child)
-    if isinstance(node, list):
-        node.extend([None] * (path[-1] + 1 - len(node)))
-    node[path[-1]] = value
-
-
-def scheduler_class(sched: dict) -> str:
-    """Name the LR scheduler class a state dict came from (its keys are class-specific)."""
-    if "_schedulers" in sched:
-        inner = "+".join(scheduler_class(s) for s in sched["_schedulers"] if isinstance(s, dict))
-        return f"SequentialLR[{inner}]" if inner else "SequentialLR"
-    if "lr_lambdas" in sched:
-        return "LambdaLR"
-    if {"factor", "total_iters"} <= sched.keys():
-        return "ConstantLR"
-    return "unknown"
-
-
 def _check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
                      param_shapes: dict[str, tuple]) -> None:
     opt_root = p.optim_dir.parent
@@ -639,7 +574,7 @@ def _check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
                                  f"tries to load it and fails; {drop}")
         return
     try:
-        md = ckpt.dcp_metadata(p.optim_dir)
+        md = dcp_metadata(p.optim_dir)
         state = read_dcp(p.optim_dir, tensors=False)
     except Exception as e:  # DCP raises assorted errors for a broken folder
         report.fail("optimizer", f"value/optimizer/optim is not a readable torch.distributed.checkpoint "
@@ -760,137 +695,6 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
 
 
 # ---------------------------------------------------------------------------------------------
-# Descriptions and the lines to paste
-
-def _describe_head(head: dict) -> str:
-    name, w = head.get("name", HEAD), head.get("weight_shape")
-    bias = head.get("bias")
-    text = f"{name}.weight {w}"
-    if bias is not None:
-        text += f" + {name}.bias [1] = {bias:+.4g}"
-    else:
-        text += " (no bias)"
-    if head.get("dropped_bias") is not None:
-        text += f"; bias {head['dropped_bias']:+.4g} dropped at export"
-    return text
-
-
-def _describe_targets(targets: dict | None) -> str:
-    if not targets:
-        return "unknown (no critic_pretrain.json)"
-    return (f"rewards {reward_formula(targets)}, gamma {targets.get('gamma', 1.0):g}, critic lambda "
-            f"{targets.get('lam', 1.0):g}" + (" (Monte-Carlo returns)" if targets.get("lam", 1.0) == 1.0 else "")
-            + "; value[t] = head(hidden[t-1]), 0 at each sequence start")
-
-
-def _describe_optimizer(opt: dict) -> str:
-    return (f"{opt['kind']} state over {opt['parameters']} tensors, {opt['param_groups']} group(s), "
-            f"lr {opt['lr']}, scheduler {opt['scheduler']} at step {opt['last_epoch']}")
-
-
-def reward_formula(targets: dict) -> str:
-    scale, shift, clip = targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")
-    if (scale, shift, clip) == (1.0, 0.0, None):
-        return "as given (no transform)"
-    text = f"r' = {scale:g}*r {'+' if shift >= 0 else '-'} {abs(shift):g}"
-    return text + (f", clipped to [{clip[0]:g}, {clip[1]:g}]" if clip else "")
-
-
-def _target_std(manifest: dict) -> float | None:
-    var = (((manifest.get("data") or {}).get("stats")) or {}).get("target_var")
-    return math.sqrt(var) if isinstance(var, (int, float)) and var > 0 else None
-
-
-def nemo_rl_reward_scaling(targets: dict | None) -> list[str]:
-    """``ppo.reward_scaling`` lines (NeMo-RL RewardScalingConfig: clamp to [source_min,
-    source_max], map linearly to [target_min, target_max]) matching our reward transform."""
-    if not targets:
-        return ["  # reward scale unknown (no critic_pretrain.json): set ppo.reward_scaling to the scale the",
-                "  # critic was trained on"]
-    scale, shift, clip = targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")
-    if (scale, shift, clip) == (1.0, 0.0, None):
-        return ["  reward_scaling:", "    enabled: false        # the critic was trained on the raw rewards"]
-    if clip:
-        lo, hi = sorted(((clip[0] - shift) / scale, (clip[1] - shift) / scale))
-        note = "exact: our transform clips the scaled reward to the same range"
-    else:
-        lo, hi = 0.0, 1.0
-        note = "NeMo-RL clamps raw rewards to [source_min, source_max]: set them to your raw reward range"
-    return ["  reward_scaling:         # the critic was trained on rewards " + reward_formula(targets),
-            "    enabled: true", f"    source_min: {lo:g}", f"    source_max: {hi:g}",
-            f"    target_min: {scale * lo + shift:g}", f"    target_max: {scale * hi + shift:g}", f"    # {note}"]
-
-
-def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | None = None,
-                 total_iters: int = CONSTANT_TOTAL_ITERS) -> list[str]:
-    """The config lines a user pastes into ``target`` to warm-start its critic from ``location``.
-
-    ``scheduler``: for NeMo-RL, the scheduler class of the seed's optimizer state (``lambda``,
-    ``sequential`` or None when it has none).
-    """
-    t = facts.get("targets") or {}
-    gamma, lam = t.get("gamma", 1.0), t.get("lam", 1.0)
-    loc = str(Path(location).resolve())
-    if target == "nemo-rl":
-        lines = ["# NeMo-RL PPO config: warm-start the critic from this seed",
-                 "ppo:", f"  warm_start_value_checkpoint: {loc}",
-                 "  policy_training_start_step: 0   # the critic is already warm: no critic-only steps",
-                 "  adv_estimator:", "    name: gae", f"    gae_gamma: {gamma:g}          # as the critic was trained",
-                 f"    gae_lambda_value: {lam:g}   # the critic's lambda (decoupled from the actor's gae_lambda)",
-                 *nemo_rl_reward_scaling(facts.get("targets")), "value:"]
-        name = facts.get("model_name_or_path")
-        arch = facts.get("arch") or {}
-        if name:
-            lines.append(f"  model_name: {name}   # the backbone the critic was trained from")
-        else:
-            lines.append(f"  # model_name: a model with this critic's architecture ({arch.get('model_type')}, hidden "
-                         f"{arch.get('hidden_size')}, {arch.get('num_layers')} layers, vocab {arch.get('vocab_size')})")
-        if scheduler == "sequential":
-            lines += ["  scheduler:   # must build the class the seed's scheduler state came from (NeMo-RL < PR #4213)",
-                      "  - name: torch.optim.lr_scheduler.ConstantLR",
-                      f"    kwargs: {{factor: 1.0, total_iters: {total_iters}}}", "  - milestones: []"]
-        elif scheduler == "lambda":
-            lines.append("  # no value.scheduler: the seed's scheduler state is LambdaLR (what NeMo-RL builds "
-                         "without one)")
-        return lines
-    if target == "verl":
-        return ["# verl PPO config (critic.model.path loads AutoModelForTokenClassification, num_labels=1)",
-                f"critic.model.path: {loc}",
-                "trainer.critic_warmup: 0          # the critic is already warm",
-                "algorithm.adv_estimator: gae", f"algorithm.gamma: {gamma:g}",
-                f"algorithm.lam: {lam:g}              # verl uses one lambda for actor and critic",
-                *_plain_reward_note(t, "verl has no reward-scaling option: make the reward function return it")]
-    if target == "openrlhf":
-        norm = (facts.get("normalization") or {}).get("mean") is not None
-        lines = ["# OpenRLHF PPO (train_ppo_ray): flat CLI (<= 0.8) / nested CLI (newer)",
-                 f"--critic_pretrain {loc}            # newer: --critic.model_name_or_path {loc}",
-                 "--value_head_prefix score           # newer: --ds.value_head_prefix score (config.json pins it too)",
-                 "--advantage_estimator gae           # newer: --algo.advantage.estimator gae",
-                 f"--gamma {gamma:g} --lambd {lam:g}           # newer: --algo.advantage.gamma {gamma:g} "
-                 f"--algo.advantage.lambd {lam:g}",
-                 "# leave --freezing_actor_steps / --critic.freezing_steps unset: the critic is already warm"]
-        if norm:
-            lines.append("--normalize_reward                  # newer: --reward.normalize_enable; applies the folded "
-                         "head bias (config.json mean/std), see the note above")
-        return lines + _plain_reward_note(t, "OpenRLHF has no linear reward transform: produce rewards on that scale")
-    return ["# TRL 1.12 PPO (trl.experimental.ppo)",
-            "from transformers import AutoModelForSequenceClassification",
-            "from trl.experimental.ppo import PPOConfig, PPOTrainer",
-            f"value_model = AutoModelForSequenceClassification.from_pretrained({loc!r}, num_labels=1)",
-            f"args = PPOConfig(..., gamma={gamma:g}, lam={lam:g})   # as the critic was trained",
-            "trainer = PPOTrainer(args=args, ..., value_model=value_model)",
-            *_plain_reward_note(t, "TRL has no reward transform: make the reward model's score that scale")]
-
-
-def _plain_reward_note(targets: dict, how: str) -> list[str]:
-    if not targets:
-        return ["# reward scale unknown (no critic_pretrain.json): use the scale the critic was trained on"]
-    if (targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")) == (1.0, 0.0, None):
-        return ["# the critic was trained on the raw rewards: no reward transform"]
-    return [f"# the critic was trained on rewards {reward_formula(targets)}; {how}"]
-
-
-# ---------------------------------------------------------------------------------------------
 # Small helpers
 
 def _read_json(path: Path) -> dict | None:
@@ -928,6 +732,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
         return 0 if report.ok else 1
+    return print_report(report)
+
+
+def print_report(report: SeedReport) -> int:
+    """Print a seed check the way the CLI does (problems and warnings to stderr, then the
+    summary and the config lines to paste); 0 when the seed is usable, else 1."""
     for problem in report.problems:
         print(f"error: {problem}", file=sys.stderr)
     for warning in report.warnings:
@@ -936,14 +746,14 @@ def main(argv: list[str] | None = None) -> int:
         print(report.summary(), file=sys.stderr)
         return 1
     print(report.summary())
-    if report.kind == "step" and args.target != "nemo-rl":
+    if report.kind == "step" and report.target != "nemo-rl":
         print(f"\n# next: critic-pretrain export {report.path} --format "
-              f"{'hf' if args.target == 'verl' else args.target} --out <dir>, then check <dir> with --for {args.target}")
+              f"{FRAMEWORKS[report.target].export_format} --out <dir>, then check <dir> with --for {report.target}")
         return 0
     opt = report.facts.get("optimizer")
     sched = None if not opt else ("sequential" if opt["scheduler"].startswith("SequentialLR") else "lambda")
     print()
-    print("\n".join(config_lines(args.target, report.path, report.facts, scheduler=sched)))
+    print("\n".join(config_lines(report.target, report.path, report.facts, scheduler=sched)))
     return 0
 
 

@@ -39,20 +39,17 @@ import torch
 
 from rollouts import fileio
 
-from . import checkpoint as ckpt
-from .errors import UserError
-from .seed import CONSTANT_TOTAL_ITERS, HEAD, SeedReport, check_seed, config_lines, read_dcp, scheduler_class
+from .. import checkpoint as ckpt
+from ..errors import UserError
+from .check import SeedReport, check_seed
+from .dcp import read_dcp, scheduler_class
+from .frameworks import (CONSTANT_TOTAL_ITERS, FORMAT_ALIASES, FORMATS, HEAD, config_lines,
+                         framework_of_format, trl_bias_snippet)
 
-FORMATS = ("nemo-rl", "hf", "openrlhf", "trl")
-ALIASES = {"verl": "hf"}
-TARGET = {"nemo-rl": "nemo-rl", "hf": "verl", "openrlhf": "openrlhf", "trl": "trl"}
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 SCHEDULERS = ("lambda", "sequential")
 HF_WEIGHTS = "model.safetensors"
-# Seed-check problems an export repairs: a missing head bias is added as 0 for the biased
-# formats; the optimizer is not carried by the HF formats (or is dropped on request).
-REPAIRED = {"nemo-rl": {"bias"}, "hf": {"bias", "optimizer"}, "openrlhf": {"optimizer"}, "trl": {"optimizer"}}
 
 
 @dataclass
@@ -96,7 +93,7 @@ def export(step_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, dty
     is seed-checked first (problems the export repairs are let through). ``scheduler``,
     ``lr``, ``drop_optimizer`` and ``link`` apply to ``nemo-rl`` only.
     """
-    fmt = ALIASES.get(fmt, fmt)
+    fmt = FORMAT_ALIASES.get(fmt, fmt)
     if fmt not in FORMATS:
         raise UserError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)} (verl = hf)")
     cast = _dtype(dtype)
@@ -129,9 +126,9 @@ def export(step_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, dty
     _self_check(final, fmt)
     facts = {**report.facts, "normalization": result.normalization}
     sched = None if fmt != "nemo-rl" or not ckpt.StepPaths(final).optimizer_dir.exists() else scheduler
-    result.config_lines = config_lines(TARGET[fmt], final, facts, scheduler=sched, total_iters=total_iters)
+    result.config_lines = config_lines(framework_of_format(fmt).name, final, facts, scheduler=sched, total_iters=total_iters)
     if fmt == "trl" and result.head_bias:
-        result.config_lines += _trl_bias_snippet()
+        result.config_lines += trl_bias_snippet()
     return result
 
 
@@ -160,11 +157,11 @@ def _check_options(fmt: str, scheduler: str, lr: float | None, drop_optimizer: b
 
 def _checked_source(step_dir, fmt: str, drop_optimizer: bool) -> SeedReport:
     """Seed-check the source; raise on any problem this export does not repair."""
-    report = check_seed(step_dir, TARGET[fmt])
+    report = check_seed(step_dir, framework_of_format(fmt).name)
     if report.kind == "hf" and not report.problems:
         raise UserError(f"{report.path} is already an exported Hugging Face folder; export reads the step_<n> "
                         "checkpoint it came from")
-    repaired = REPAIRED[fmt] | ({"optimizer"} if drop_optimizer else set())
+    repaired = framework_of_format(fmt).export_repairs | ({"optimizer"} if drop_optimizer else set())
     if report.kind == "hf":
         repaired = set()
     blocking = [p for p in report.problems if p.area not in repaired]
@@ -205,7 +202,7 @@ def _publish(tmp: Path, final: Path) -> None:
 def _self_check(final: Path, fmt: str) -> None:
     """The export must pass the consumer's seed check (structure only: the source's tensors
     were already scanned for NaN/Inf)."""
-    report = check_seed(final, TARGET[fmt], finite=False)
+    report = check_seed(final, framework_of_format(fmt).name, finite=False)
     if not report.ok:
         raise RuntimeError(f"bug: the {fmt} export at {final} fails its own seed check: {report.problems[0]}")
 
@@ -378,7 +375,7 @@ def _export_hf(report: SeedReport, fmt: str, tmp: Path, *, cast, tokenizer: str 
         MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
     )
 
-    from .model import write_value_config
+    from ..model import write_value_config
 
     src = ckpt.StepPaths(report.path)
     config = AutoConfig.from_pretrained(str(src.hf_config.parent))
@@ -456,15 +453,6 @@ def _bias_note(fmt: str, bias: float | None, target_std: float | None) -> str:
     return (f"score.bias = {size}: TRL's value head (AutoModelForSequenceClassification.score) has no bias, so it is "
             f"dropped and every TRL value is {abs(bias):.4g} {'lower' if bias > 0 else 'higher'} than ours; restore it "
             f"exactly with the snippet below (kept in config.json as critic_pretrain_head_bias), or {lossless}")
-
-
-def _trl_bias_snippet() -> list[str]:
-    return ["# exact: TRL's PPOTrainer only calls value_model.score(hidden), so a biased head restores our values",
-            "import torch",
-            "head = torch.nn.Linear(value_model.config.hidden_size, 1, bias=True, dtype=value_model.score.weight.dtype)",
-            "head.weight.data.copy_(value_model.score.weight.data)",
-            "head.bias.data.fill_(value_model.config.critic_pretrain_head_bias)",
-            "value_model.score = head"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="critic-pretrain export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step_dir", metavar="STEP_DIR", help="the step_<n> checkpoint to export")
-    p.add_argument("--format", required=True, choices=[*FORMATS, *ALIASES], help="the consumer (verl = hf)")
+    p.add_argument("--format", required=True, choices=[*FORMATS, *FORMAT_ALIASES], help="the consumer (verl = hf)")
     p.add_argument("--out", required=True, help="output folder (nemo-rl writes OUT/step_<n>)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="cast the weights")
     p.add_argument("--tokenizer", help="tokenizer folder or hub id to include (default: the checkpoint's)")
