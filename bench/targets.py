@@ -16,11 +16,17 @@ import argparse
 import os
 import platform
 import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from critic_pretrain.targets import compute_gae, length_adaptive_lambda, reference_gae
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the reference loop lives with the tests
+
+from critic_pretrain.targets import compute_gae, length_adaptive_lambda  # noqa: E402
+from reference_gae import reference_gae  # noqa: E402
 
 
 def multi_turn_mask(batch: int, length: int, gen: torch.Generator) -> torch.Tensor:

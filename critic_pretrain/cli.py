@@ -29,7 +29,7 @@ COMMANDS = {
     "export": ("critic_pretrain.interop.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
     "seed": ("critic_pretrain.interop.check", "check a seed before a PPO run loads it: seed check PATH"),
     "bench": ("critic_pretrain.bench", "throughput benchmark: ours vs a plain padded loop"),
-    "batch": ("critic_pretrain.batch", "run several train jobs from a JOBS.yaml, resumable, with a summary"),
+    "batch": ("critic_pretrain.jobs", "run several train jobs from a JOBS.yaml, resumable, with a summary"),
 }
 
 

@@ -314,7 +314,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     for item in overrides:
         apply_override(raw, item)
     cfg = _build(Config, raw, "")
-    validate(cfg)
+    check_values(cfg)
     return cfg
 
 
@@ -435,7 +435,7 @@ def _coerce(value: Any, t: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {t} for {key}")
 
 
-def validate(cfg: Config) -> None:
+def check_values(cfg: Config) -> None:
     """Range and consistency checks; each failure names the key and what to do."""
     def need(ok: bool, msg: str) -> None:
         if not ok:

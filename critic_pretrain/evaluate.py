@@ -70,7 +70,7 @@ _POS0 = 1
 _TURN0 = _POS0 + len(POSITION_BUCKETS)
 _CAL0 = _TURN0 + len(TURN_BUCKETS)
 # The two target kinds (first axis of the sums tensor).
-TARGET, ORACLE = 0, 1
+AGAINST_TARGET, AGAINST_ORACLE = 0, 1
 
 
 @dataclass(frozen=True)
@@ -150,10 +150,10 @@ def batch_sums(values: torch.Tensor, batch: dict, edges: torch.Tensor) -> torch.
     (zeros without one). Adds across micro-batches and ranks."""
     groups = group_index(values, batch["weights"], batch["position_ids"], len(batch["seq_lens"]), edges)
     out = torch.zeros(2, n_groups(len(edges) - 1), N_SUMS, dtype=torch.float64, device=values.device)
-    kinds = [(TARGET, batch["targets"], batch["weights"])]
+    kinds = [(AGAINST_TARGET, batch["targets"], batch["weights"])]
     if "oracle" in batch:
         oracle = batch["oracle"]
-        kinds.append((ORACLE, torch.nan_to_num(oracle), batch["weights"] * torch.isfinite(oracle)))
+        kinds.append((AGAINST_ORACLE, torch.nan_to_num(oracle), batch["weights"] * torch.isfinite(oracle)))
     flat = groups.reshape(-1)
     for kind, target, weights in kinds:
         per_token = token_sums(values, target, weights)                  # [N, 6]
@@ -192,12 +192,12 @@ def _stats(row: torch.Tensor) -> dict[str, float]:
 def _bucket_rows(sums: torch.Tensor, first: int, names: tuple[str, ...], has_oracle: bool) -> list[dict]:
     rows = []
     for i, name in enumerate(names):
-        s = _stats(sums[TARGET, first + i])
+        s = _stats(sums[AGAINST_TARGET, first + i])
         row = {"bucket": name, "tokens": int(s.get("valid_tokens", 0)), "loss": s.get("loss", math.nan),
                "explained_variance": s.get("explained_variance", math.nan),
                "target_mean": s.get("target_mean", math.nan), "value_mean": s.get("value_mean", math.nan)}
         if has_oracle:
-            o = _stats(sums[ORACLE, first + i])
+            o = _stats(sums[AGAINST_ORACLE, first + i])
             row.update(oracle_loss=o.get("loss", math.nan), oracle_explained_variance=o.get("explained_variance",
                                                                                               math.nan))
         rows.append(row)
@@ -219,17 +219,17 @@ def merge_cells(counts: np.ndarray, groups: int = CALIBRATION_GROUPS) -> np.ndar
 def calibration_table(sums: torch.Tensor, grid: CalibrationGrid, has_oracle: bool) -> list[dict]:
     """Deciles of the prediction histogram: mean prediction vs mean target (and oracle)."""
     cells = sums[:, _CAL0:_CAL0 + grid.cells + 2].numpy()              # [2, cells+2, 6]
-    counts = cells[TARGET, :, 0]
+    counts = cells[AGAINST_TARGET, :, 0]
     group = merge_cells(counts)
     rows = []
     for g in np.unique(group[counts > 0]):
         members = np.flatnonzero((group == g) & (counts > 0))
-        t = cells[TARGET, members].sum(0)
+        t = cells[AGAINST_TARGET, members].sum(0)
         n, r, d = t[0], t[2], t[4]
         row = {"lo": grid.cell_bounds(int(members[0]))[0], "hi": grid.cell_bounds(int(members[-1]))[1],
                "tokens": int(n), "value_mean": (r - d) / n, "target_mean": r / n}
         if has_oracle:
-            o = cells[ORACLE, members].sum(0)
+            o = cells[AGAINST_ORACLE, members].sum(0)
             row["oracle_mean"] = o[2] / o[0] if o[0] > 0 else math.nan
         rows.append(row)
     return rows
@@ -245,12 +245,12 @@ def calibration_error(table: list[dict], key: str = "target_mean") -> float:
 
 def finish(sums: torch.Tensor, grid: CalibrationGrid, *, has_oracle: bool, prefix: str = "val") -> Evaluation:
     """Metrics and tables from all-reduced [2, groups, 6] host sums."""
-    metrics = summarize(sums[TARGET, 0], prefix)
+    metrics = summarize(sums[AGAINST_TARGET, 0], prefix)
     if not metrics:
         return Evaluation({}, {"position": [], "turn": []}, [], grid)
     if has_oracle:
         metrics.update({k.replace(f"{prefix}/", f"{prefix}/oracle_"): v
-                        for k, v in summarize(sums[ORACLE, 0], prefix).items()
+                        for k, v in summarize(sums[AGAINST_ORACLE, 0], prefix).items()
                         if k.endswith(("/loss", "/explained_variance"))})
     buckets = {"position": _bucket_rows(sums, _POS0, POSITION_BUCKETS, has_oracle),
                "turn": _bucket_rows(sums, _TURN0, TURN_BUCKETS, has_oracle)}

@@ -50,8 +50,6 @@ __all__ = [
     "compute_returns",
     "length_adaptive_lambda",
     "place_outcome_rewards",
-    "reference_gae",
-    "reference_returns",
 ]
 
 # Positions per chunk in the scan. Each level does a [C, C] matmul per chunk (~2*C flops per
@@ -343,57 +341,6 @@ def _compress(x: Tensor, slot: Tensor, width: int, dtype: torch.dtype) -> Tensor
 def _expand(xc: Tensor, slot: Tensor) -> Tensor:
     """Inverse of ``_compress``: ``[B, width]`` -> ``[B, T]``, zero at mask-0 positions."""
     return F.pad(xc, (0, 1)).gather(1, slot)
-
-
-# --------------------------------------------------------------------------------------------
-# Reference implementation (per-timestep loop)
-# --------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def reference_gae(
-    rewards: Tensor,
-    mask: Tensor,
-    *,
-    gamma: float,
-    lam: float | Tensor,
-    values: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """The common per-timestep loop (NeMo-RL ``_compute_gae`` / verl), for tests and the bench.
-
-    One iteration per position over ``[B]`` slices; accumulators carry across mask-0 positions.
-    Outputs are multiplied by the mask so they compare to ``compute_gae`` (the upstream loops
-    leave the carried values at mask-0 positions). Arguments as ``compute_gae``.
-    """
-    m = _as_bool_mask(mask)
-    dtype = _accumulation_dtype(rewards, values)
-    m = m.to(dtype)
-    r = rewards.to(dtype)
-    v = values.to(dtype) if values is not None else torch.zeros_like(r)
-    lam_t = lam.to(dtype) if isinstance(lam, Tensor) else lam
-    next_values = torch.zeros(m.shape[0], dtype=dtype, device=m.device)
-    last_gae = torch.zeros_like(next_values)
-    reversed_adv = []
-    for t in reversed(range(m.shape[1])):
-        delta = r[:, t] + gamma * next_values - v[:, t]
-        new_gae = delta + gamma * lam_t * last_gae
-        next_values = v[:, t] * m[:, t] + (1 - m[:, t]) * next_values
-        last_gae = new_gae * m[:, t] + (1 - m[:, t]) * last_gae
-        reversed_adv.append(last_gae)
-    adv = torch.stack(reversed_adv[::-1], dim=1) if reversed_adv else torch.zeros_like(r)
-    return adv * m, (adv + v) * m
-
-
-def reference_returns(
-    rewards: Tensor,
-    mask: Tensor,
-    *,
-    gamma: float,
-    lam: float | Tensor,
-    values: Tensor | None = None,
-) -> Tensor:
-    """Returns of ``reference_gae`` (the per-timestep loop)."""
-    return reference_gae(rewards, mask, gamma=gamma, lam=lam, values=values)[1]
 
 
 # --------------------------------------------------------------------------------------------

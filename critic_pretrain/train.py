@@ -45,7 +45,7 @@ log = logging.getLogger("critic_pretrain")
 
 
 @dataclass
-class Progress:
+class TrainState:
     """Where training stands; saved in every checkpoint (``resume/state.json``)."""
 
     step: int = 0
@@ -70,7 +70,7 @@ class Run:
     scheduler: Any
     tokenizer: Any
     resume_dir: Path | None
-    prog: Progress
+    prog: TrainState
     metrics: MetricsLog
     stop_rule: StopRule
     last_val: dict = field(default_factory=dict)
@@ -222,7 +222,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     optimizer = build_optimizer(model, cfg.optim, accelerator.device)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)  # stepped by us, once per step
     model, optimizer = accelerator.prepare(model, optimizer)
-    prog = Progress()
+    prog = TrainState()
     if resume_dir is not None:
         prog = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
     resume_step = prog.step if resume_dir else None
@@ -310,7 +310,7 @@ def _file_changed(before: dict, now: dict) -> bool:
     return old != (now["fingerprint"] if old.startswith("v2:") else legacy_fingerprint(now["path"]))
 
 
-def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> Progress:
+def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> TrainState:
     """Weights, optimizer moments, LR schedule, progress and RNG from ``step_dir``."""
     raw = accelerator.unwrap_model(model)
     try:
@@ -330,7 +330,7 @@ def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: La
     else:
         log.warning("no RNG state for rank %d in %s (the world size changed): the data order continues exactly, "
                     "random streams do not", layout.rank, step_dir)
-    return Progress(**state["progress"])
+    return TrainState(**state["progress"])
 
 
 def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerator, cfg: Config):
@@ -402,7 +402,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
     if prog.stopped_early:
         log.info("nothing to do: this run stopped early at step %d (%s)", prog.step, prog.stopped_early)
     elif run.resume_dir is None:
-        validate(run, 0)
+        evaluate_and_log(run, 0)
     bar = _progress_bar(acc.is_main_process and cfg.train.progress, prog.step, cfg.train.max_steps)
     window = Window(run)
     run.model.train()
@@ -434,7 +434,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
                                 tok_s=f"{rec['train/tokens_per_s']:.3g}")
             t_pause = time.perf_counter()  # tokens/s measures training, not evaluation or saving
             if (cfg.eval.every and prog.step % cfg.eval.every == 0) or done:
-                validate(run, prog.step)
+                evaluate_and_log(run, prog.step)
             # Preemption is checked where we sync anyway: each log step (each step on one process).
             stop = _agree(preempt.requested, acc) if (logged or layout.world == 1) else False
             done = done or prog.stopped_early is not None
@@ -465,7 +465,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
     return 0  # the training result; the seed check above says whether a PPO run can use the seed
 
 
-def validate(run: Run, step: int) -> None:
+def evaluate_and_log(run: Run, step: int) -> None:
     """Held-out loss and explained variance; logged and kept for ``training_info.json``."""
     if len(run.data.val_idx) == 0:
         return

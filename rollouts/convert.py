@@ -54,7 +54,7 @@ except ImportError:
     orjson = None
 
 OnBad = Literal["fail", "skip"]
-Progress = Callable[[str], None]
+ProgressCallback = Callable[[str], None]
 
 CHUNK_ROWS = 1024
 CHUNK_TOKENS = 1 << 21
@@ -700,7 +700,7 @@ def _prepare_out(out: Path, overwrite: bool, quarantine: Path | None) -> tuple[l
 
 
 def _run(source: _Source, out_dir: str | os.PathLike, *, shard_rows: int, on_bad: OnBad,
-         quarantine: str | os.PathLike | None, overwrite: bool, progress: Progress | None) -> ConvertResult:
+         quarantine: str | os.PathLike | None, overwrite: bool, progress: ProgressCallback | None) -> ConvertResult:
     """Convert every file of ``source`` into shards staged in ``out_dir`` and published at the end."""
     if on_bad not in ("fail", "skip"):
         raise ValueError(f"on_bad must be 'fail' or 'skip', got {on_bad!r}")
@@ -743,7 +743,7 @@ def convert_nemo_rl(paths: str | os.PathLike | Iterable[str | os.PathLike], out_
                     reward_field: str = "rewards", keep_extra: bool = False,
                     shard_rows: int = DEFAULT_SHARD_ROWS, on_bad: OnBad = "fail",
                     quarantine: str | os.PathLike | None = None, overwrite: bool = False,
-                    progress: Progress | None = None) -> ConvertResult:
+                    progress: ProgressCallback | None = None) -> ConvertResult:
     """Convert NeMo-RL ``train_data_step<N>.jsonl`` dumps (files, folders, globs) into shards.
 
     ``reward_field``: ``rewards`` (the run's total reward per rollout) or, with dynamic
@@ -765,7 +765,7 @@ def convert_generic(paths: str | os.PathLike | Iterable[str | os.PathLike], out_
                     response_field: str | None = None, keep_extra: bool = False,
                     shard_rows: int = DEFAULT_SHARD_ROWS, on_bad: OnBad = "fail",
                     quarantine: str | os.PathLike | None = None, overwrite: bool = False,
-                    progress: Progress | None = None) -> ConvertResult:
+                    progress: ProgressCallback | None = None) -> ConvertResult:
     """Convert JSONL or parquet rows (files, folders, globs) into shards.
 
     ``mapping``: schema column -> source field (``a.b`` follows nested objects); a source

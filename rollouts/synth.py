@@ -191,7 +191,7 @@ class SynthParams:
     policy_version: int = 0
     """Written to every row: the chain's policy is fixed."""
 
-    def validate(self) -> None:
+    def check(self) -> None:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(msg)
@@ -329,7 +329,7 @@ class SynthEnv:
     """The chain for one parameter set: sampling, exact values, prefix tracing."""
 
     def __init__(self, params: SynthParams):
-        params.validate()
+        params.check()
         self.params = params
         self.scale = self._fit_scale()  # also leaves self.chain built at that scale
 

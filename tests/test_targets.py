@@ -15,9 +15,8 @@ from critic_pretrain.targets import (
     compute_returns,
     length_adaptive_lambda,
     place_outcome_rewards,
-    reference_gae,
-    reference_returns,
 )
+from reference_gae import reference_gae, reference_returns
 
 
 def t64(rows: list[list[float]] | list[float]) -> torch.Tensor:

@@ -18,7 +18,7 @@ import yaml
 from safetensors.torch import load_file
 
 from conftest import ROOT, tiny_overrides
-from critic_pretrain import batch
+from critic_pretrain import jobs as runner
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.train import main as train_main
 
@@ -77,16 +77,16 @@ def test_preempted_batch_exits_75_then_resumes_exactly_then_skips(toy_data, tmp_
                            **{"train.max_steps": 40, "checkpoint.save_every": 0})
 
     watcher = signal_when_training(tmp_path / "a" / "metrics.jsonl")
-    assert batch.main([str(jobs_file)]) == batch.EXIT_PREEMPTED
+    assert runner.main([str(jobs_file)]) == runner.EXIT_PREEMPTED
     watcher.join()
     s = summary(jobs_file)
     assert s["a"]["status"] == "preempted" and s["a"]["exit_code"] == 75  # it saved: re-run to continue
     stopped_at = s["a"]["final_step"]
     assert 1 <= stopped_at < 40
     assert s["b"]["status"] == "not_started" and not (tmp_path / "b").exists()
-    assert json.loads((tmp_path / "batch_summary.json").read_text())["exit_code"] == batch.EXIT_PREEMPTED
+    assert json.loads((tmp_path / "batch_summary.json").read_text())["exit_code"] == runner.EXIT_PREEMPTED
 
-    assert batch.main([str(jobs_file)]) == batch.EXIT_OK
+    assert runner.main([str(jobs_file)]) == runner.EXIT_OK
     s = summary(jobs_file)
     assert (s["a"]["status"], s["a"]["start_step"], s["a"]["final_step"]) == ("done", stopped_at, 40)
     assert (s["b"]["status"], s["b"]["start_step"], s["b"]["final_step"]) == ("done", None, 40)
@@ -97,7 +97,7 @@ def test_preempted_batch_exits_75_then_resumes_exactly_then_skips(toy_data, tmp_
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
     t0 = time.monotonic()
-    assert batch.main([str(jobs_file)]) == batch.EXIT_OK
+    assert runner.main([str(jobs_file)]) == runner.EXIT_OK
     assert statuses(jobs_file) == {"a": "skipped", "b": "skipped"}
     assert time.monotonic() - t0 < 20  # nothing was launched
 
@@ -113,7 +113,7 @@ def test_finished_job_skipped_and_failed_job_isolated(toy_data, tmp_path, capsys
         job("after", tmp_path / "after"),
     ])
     capsys.readouterr()
-    assert batch.main([str(jobs_file)]) == batch.EXIT_FAILED
+    assert runner.main([str(jobs_file)]) == runner.EXIT_FAILED
     s = summary(jobs_file)
     assert {n: j["status"] for n, j in s.items()} == {"done": "skipped", "bad": "failed", "after": "done"}
     assert s["bad"]["exit_code"] == 2 and s["bad"]["final_step"] is None
@@ -130,14 +130,14 @@ def test_fail_fast_and_clean_exit_without_finishing(toy_data, tmp_path):
         {**job("fails", tmp_path / "fails"), "launcher": ["false"]},
         job("next", tmp_path / "next"),
     ])
-    assert batch.main([str(jobs_file), "--fail-fast"]) == batch.EXIT_FAILED
+    assert runner.main([str(jobs_file), "--fail-fast"]) == runner.EXIT_FAILED
     assert statuses(jobs_file) == {"fails": "failed", "next": "not_started"}
 
     jobs_file = write_jobs(tmp_path / "jobs.yaml", toy_data, [
         {**job("quits", tmp_path / "quits"), "launcher": ["true"]},
         job("next", tmp_path / "next"),
     ])
-    assert batch.main([str(jobs_file)]) == batch.EXIT_PREEMPTED
+    assert runner.main([str(jobs_file)]) == runner.EXIT_PREEMPTED
     assert statuses(jobs_file) == {"quits": "preempted", "next": "not_started"}
 
 
@@ -163,7 +163,7 @@ def test_validation_errors_are_one_line(toy_data, tmp_path, capsys, jobs, expect
         jobs = {"defaults": {"overrides": base_overrides(toy_data)}, **jobs}
     jobs_file = tmp_path / "jobs.yaml"
     jobs_file.write_text(yaml.safe_dump(jobs))
-    assert batch.main([str(jobs_file)]) == batch.EXIT_USAGE
+    assert runner.main([str(jobs_file)]) == runner.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {jobs_file}: ") and expected in err, err
 
@@ -186,18 +186,18 @@ def test_cli_dry_run_and_only(toy_data, tmp_path):
 
 
 def test_launcher_kinds_and_child_discovery():
-    assert batch.spawns_workers(["accelerate", "launch", "--config_file", "x.yaml"])
-    assert batch.spawns_workers(["/opt/bin/torchrun", "--nproc_per_node", "8"])
-    assert batch.spawns_workers([sys.executable, "-m", "torch.distributed.run"])
-    assert not batch.spawns_workers(["srun", "python"]) and not batch.spawns_workers(["python"])
+    assert runner.spawns_workers(["accelerate", "launch", "--config_file", "x.yaml"])
+    assert runner.spawns_workers(["/opt/bin/torchrun", "--nproc_per_node", "8"])
+    assert runner.spawns_workers([sys.executable, "-m", "torch.distributed.run"])
+    assert not runner.spawns_workers(["srun", "python"]) and not runner.spawns_workers(["python"])
     proc = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
         deadline = time.monotonic() + 10
-        while not (kids := batch.child_pids(proc.pid)) and time.monotonic() < deadline:
+        while not (kids := runner.child_pids(proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(kids) == 1 and b"sleep" in Path(f"/proc/{kids[0]}/cmdline").read_bytes()
     finally:
-        for pid in batch.child_pids(proc.pid):
+        for pid in runner.child_pids(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
