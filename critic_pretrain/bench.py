@@ -335,4 +335,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from critic_pretrain.cli import main as cli_main
+    sys.exit(cli_main(["bench", *sys.argv[1:]]))

@@ -4,19 +4,22 @@ Commands that need torch live in their own modules, each with ``main(argv) -> in
 its own argparse; this router imports a module only when its command runs, so the
 torch-free data commands (``critic-pretrain rollouts ...``) start fast.
 
-Every command reports bad input as one ``error: ...`` line and a non-zero exit code,
-never a traceback; ``CRITIC_PRETRAIN_DEBUG=1`` shows the traceback for bug reports.
+Every command runs through ``rollouts.cli.run_command``, the one error handler: bad input is
+one ``error: ...`` line and a non-zero exit code, never a traceback; ``CRITIC_PRETRAIN_DEBUG=1``
+shows the traceback for bug reports. A module's ``main`` raises ``UserError``; it never prints
+errors itself, and its ``__main__`` goes through this router.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from pathlib import Path
 
-from .errors import USER_ERRORS, UserError
+from rollouts.cli import run_command
+
+from .errors import UserError
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
@@ -56,21 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        if argv and argv[0] in COMMANDS:  # the module parses its own options (even a leading --flag)
-            return _run_module(COMMANDS[argv[0]][0], argv[1:])
-        args = build_parser().parse_args(argv)
-        return args.func(args)
-    except USER_ERRORS as e:
-        if os.environ.get("CRITIC_PRETRAIN_DEBUG"):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `critic-pretrain ... | head`: the reader left, not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    return run_command(_dispatch, argv)
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in COMMANDS:  # the module parses its own options (even a leading --flag)
+        return _run_module(COMMANDS[argv[0]][0], argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
 
 
 if __name__ == "__main__":

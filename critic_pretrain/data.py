@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import torch
 
 from rollouts import RolloutReader, fileio
+from rollouts.errors import Quarantine
 from rollouts.paths import file_fingerprint, resolve
 
 from .config import DataConfig, SourceConfig, TargetsConfig
@@ -198,7 +199,7 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
     seen_ids: set[str] = set()  # de-duplication across files and sources
     bar = _progress(len(files), f"preparing {name} data", progress)
     with pa.ipc.new_file(str(tmp / STORE_FILE), STORE_SCHEMA) as writer, \
-            open(tmp / "quarantine.jsonl", "w") as quarantine:
+            Quarantine(tmp / "quarantine.jsonl") as quarantine:
         for entry, (i, f) in zip(manifest, files):
             src = sources[i]
             reader = RolloutReader([f], on_bad=data.on_bad, duplicates="drop", seen_ids=seen_ids,
@@ -214,7 +215,7 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
                     writer.write_batch(out_batch)
                     kept += batch.num_rows
             for p in reader.problems:
-                quarantine.write(p.to_json() + "\n")
+                quarantine.add(p)
             _add_summary(stats, reader.summary)
             entry.update(rows=kept, bad_rows=reader.summary.bad_rows, bad=reader.summary.bad_files > 0)
             label = src.name or src.paths[0]

@@ -7,6 +7,4 @@ that names file, row and column).
 
 from rollouts.errors import Problem, RolloutError, UserError, closest, did_you_mean
 
-USER_ERRORS = (UserError,)
-
-__all__ = ["USER_ERRORS", "Problem", "RolloutError", "UserError", "closest", "did_you_mean"]
+__all__ = ["Problem", "RolloutError", "UserError", "closest", "did_you_mean"]

@@ -39,7 +39,7 @@ import yaml
 from .config import Config, load_config, read_yaml_mapping
 from rollouts import fileio
 
-from .errors import USER_ERRORS, UserError, did_you_mean
+from .errors import UserError, did_you_mean
 from .selection import best
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def _load_job(raw: Any, defaults: dict, where: str, jobs_file: str) -> Job:
         signal_to = "workers" if launcher and spawns_workers(launcher) else "launcher"
     try:
         cfg = load_config(config, overrides)  # resolves and checks the config without running anything
-    except USER_ERRORS as e:
+    except UserError as e:
         raise UserError(f"{where}: {e}") from None
     if not _sets_output_dir(config, overrides):
         raise UserError(f"{where}: no output_dir; set it in the job's config or add "
@@ -582,11 +582,7 @@ def select(jobs: list[Job], only: list[str] | None, jobs_file: str) -> list[Job]
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        jobs = select(load_jobs(args.jobs), args.only, args.jobs)
-    except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    jobs = select(load_jobs(args.jobs), args.only, args.jobs)  # a UserError exits EXIT_USAGE (2)
     if args.dry_run:
         dry_run(jobs)
         return EXIT_OK
@@ -596,4 +592,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import main as cli_main
+    sys.exit(cli_main(["batch", *sys.argv[1:]]))

@@ -33,7 +33,7 @@ from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
 from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
                                   source_files, step_batches, to_device)
-from critic_pretrain.errors import USER_ERRORS, UserError
+from critic_pretrain.errors import UserError
 from critic_pretrain.evaluate import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, summarize, value_sums
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, position_limit,
@@ -142,22 +142,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key} = {default}\n    {doc}")
         return 0
     if args.config is None and not args.overrides:
-        print("error: nothing to train: try `critic-pretrain demo` (the bundled sample and a tiny model), or pass "
-              "--config configs/<recipe>.yaml data.train=[/your/rollouts] (see critic-pretrain train --help)",
-              file=sys.stderr)
-        return 2
+        raise UserError("nothing to train: try `critic-pretrain demo` (the bundled sample and a tiny model), or pass "
+                        "--config configs/<recipe>.yaml data.train=[/your/rollouts] (see critic-pretrain train --help)")
     with contextlib.ExitStack() as cleanup:  # releases the output_dir lock however we leave
         try:
             run = setup(load_config(args.config, args.overrides), cleanup)
             with Preemption() as preempt:
                 return train_loop(run, preempt)
-        except USER_ERRORS as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("error: interrupted; nothing was saved since the newest step_<n> (re-run the same command "
-                  "to resume from it)", file=sys.stderr)
-            return EXIT_INTERRUPTED
+        except KeyboardInterrupt:  # the second Ctrl-C
+            raise UserError("interrupted; nothing was saved since the newest step_<n> (re-run the same command "
+                            "to resume from it)", exit_code=EXIT_INTERRUPTED) from None
 
 
 def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
@@ -551,5 +545,6 @@ def _progress_bar(enabled: bool, start: int, total: int):
     return tqdm(total=total, initial=start, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # accelerate launch critic_pretrain/train.py ...: the same router and error handler
+    from critic_pretrain.cli import main as cli_main
+    sys.exit(cli_main(["train", *sys.argv[1:]]))

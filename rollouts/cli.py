@@ -2,15 +2,21 @@
 
 Torch-free. Each subcommand module exposes ``add_parser(subparsers)`` which registers its
 parser with ``func=run``; ``run(args) -> int`` returns the exit code.
+
+``run_command`` is the one error handler of every command of both packages (``critic-pretrain``
+routes through it too): a ``UserError`` prints one ``error: ...`` line and exits with its code
+(2), Ctrl-C exits 130, a closed pipe exits 0; ``CRITIC_PRETRAIN_DEBUG=1`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from typing import Callable
 
-from .errors import RolloutError
+from .errors import RolloutError, UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -83,13 +89,26 @@ def run_check(args: argparse.Namespace) -> int:
     return 1 if reader.problems else 0
 
 
+def run_command(fn: Callable[..., int], *args) -> int:
+    """Run a command; the one place a user error becomes ``error: <message>`` and an exit code."""
+    try:
+        return fn(*args)
+    except UserError as e:
+        if os.environ.get("CRITIC_PRETRAIN_DEBUG"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `... | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rollouts")
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_parser(sub)
     args = parser.parse_args(["rollouts", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except RolloutError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(args.func, args)

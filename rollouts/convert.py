@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import schema as S
-from .errors import Problem, RolloutError
+from .errors import Problem, Quarantine, RolloutError
 from .fileio import publish_files
 from .paths import PARQUET_SUFFIXES, resolve
 from .validate import check_batch
@@ -502,14 +502,10 @@ class _Sink:
         self._buf: list[tuple[int, dict]] = []
         self._buf_tokens = 0
         self._file = ""
-        self._qfile = None
-        if quarantine is not None:
-            quarantine.parent.mkdir(parents=True, exist_ok=True)
-            self._qfile = open(quarantine, "w")
+        self._quarantine = Quarantine(quarantine).__enter__()
 
     def close(self) -> None:
-        if self._qfile is not None:
-            self._qfile.close()
+        self._quarantine.__exit__()
 
     def convert_file(self, path: Path) -> int:
         """Convert one input file; returns the rows read from it."""
@@ -550,8 +546,7 @@ class _Sink:
         self.counts[problem.kind] += 1
         if len(self.problems) < MAX_PROBLEMS_KEPT:
             self.problems.append(problem)
-        if self._qfile is not None:
-            self._qfile.write(problem.to_json() + "\n")
+        self._quarantine.add(problem)
 
     def _flush(self) -> None:
         rows, self._buf, self._buf_tokens = self._buf, [], 0

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Iterable
 
 
 class UserError(Exception):
-    """Bad input, configuration or checkpoint: the message says what is wrong and what to do."""
+    """Bad input, configuration or checkpoint: the message says what is wrong and what to do.
+    ``exit_code``: what the command exits with (2; 130 for an interrupted run)."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:
@@ -65,3 +72,28 @@ class RolloutError(UserError, ValueError):
     def __init__(self, problem: Problem | str):
         self.problem = problem if isinstance(problem, Problem) else None
         super().__init__(problem.line() if isinstance(problem, Problem) else problem)
+
+
+class Quarantine:
+    """The one quarantine writer: a JSONL report, one ``Problem`` per line (``rollouts check
+    --quarantine``, ``convert``, and each prepared store's ``quarantine.jsonl``). A context
+    manager; with ``path=None`` it writes nothing."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.path = Path(path) if path is not None else None
+        self._f = None
+
+    def __enter__(self) -> "Quarantine":
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "w")
+        return self
+
+    def add(self, problem: Problem) -> None:
+        if self._f is not None:
+            self._f.write(problem.to_json() + "\n")
+
+    def __exit__(self, *exc) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import Problem, RolloutError
+from .errors import Problem, Quarantine, RolloutError
 from .paths import resolve
 from .schema import BY_NAME as _SCHEMA_NAMES
 from .validate import BatchResult, check_batch, check_schema
@@ -152,22 +152,15 @@ class RolloutReader:
         self.summary = Summary()
         self.problems: list[Problem] = []
         """Every problem found (bounded by what was read; the quarantine file has them too)."""
-        self._qfile = None
+        self._quarantine = Quarantine(None)
 
     def __iter__(self) -> Iterator[tuple[Path, np.ndarray, pa.RecordBatch]]:
         seen_ids = (self._shared_ids if self._shared_ids is not None else set()) if self.check_duplicates else None
         self.summary = Summary()
         self.problems = []
-        if self.quarantine is not None:
-            self.quarantine.parent.mkdir(parents=True, exist_ok=True)
-            self._qfile = open(self.quarantine, "w")
-        try:
+        with Quarantine(self.quarantine) as self._quarantine:
             for path in self.files:
                 yield from self._read_file(path, seen_ids)
-        finally:
-            if self._qfile is not None:
-                self._qfile.close()
-                self._qfile = None
 
     def read_all(self) -> pa.Table:
         """Everything valid as one table (small archives, tests, notebooks)."""
@@ -181,8 +174,7 @@ class RolloutReader:
         if self.on_bad == "fail":
             raise RolloutError(problem)
         self.problems.append(problem)
-        if self._qfile is not None:
-            self._qfile.write(problem.to_json() + "\n")
+        self._quarantine.add(problem)
 
     def _file_problem(self, problem: Problem) -> None:
         self.summary.bad_files += 1

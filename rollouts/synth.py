@@ -84,7 +84,6 @@ import argparse
 import math
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
@@ -853,9 +852,10 @@ def run(args: argparse.Namespace) -> int:
               "token_penalty": args.token_penalty, "gamma": args.gamma}
     try:
         paths, manifest = _write(args.out, args.rows, args.seed, args.shard_rows, args.overwrite, params)
-    except ValueError as e:  # bad parameters (RolloutError, also a ValueError, reads the same)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except RolloutError:
+        raise
+    except ValueError as e:  # bad parameters: a user error like any other
+        raise RolloutError(str(e)) from None
     st = manifest["stats"]
     length, value, ev = st["length"], st["oracle_value"], st["explained_variance"]
     print(f"wrote {st['rows']:,} rows ({st['tokens']:,} tokens) in {len(paths)} shard(s) to {args.out}: "

@@ -62,6 +62,12 @@ def tiny_overrides(out: Path, data: Path, **extra) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
+def train_main(argv: list[str]) -> int:
+    """``critic-pretrain train ARGV`` in-process, through the one router and error handler."""
+    from critic_pretrain.cli import main
+    return main(["train", *argv])
+
+
 @pytest.fixture
 def python() -> str:
     return sys.executable

@@ -23,7 +23,7 @@ TINY_RUN_STEPS = 8
 def tiny_run(tmp_path_factory, toy_data: Path) -> Path:
     """One tiny CPU run per test session (8 steps, evaluations at 0, 4, 8, step_4 and step_8),
     shared by the evaluate, report and notebook tests."""
-    from critic_pretrain.train import main as train_main
+    from conftest import train_main
 
     out = tmp_path_factory.getbasetemp() / "tiny-run"
     if not (out / f"step_{TINY_RUN_STEPS}").is_dir():

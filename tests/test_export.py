@@ -57,7 +57,7 @@ PEAK_LR = 3e-3  # tiny_overrides' optim.lr
 
 
 def _train(out: Path, data: Path, **extra) -> Path:
-    from critic_pretrain.train import main as train_main
+    from conftest import train_main
     assert train_main(tiny_overrides(out, data, **{"train.max_steps": 4, "checkpoint.save_every": 4, **extra})) == 0
     return out / "step_4"
 

@@ -103,7 +103,7 @@ def eager_values(folder: Path, rows: list[dict]) -> list[np.ndarray]:
 def test_family_trains_what_ppo_runs(family, toy_data, rows, rows_file, tmp_path, monkeypatch):
     from critic_pretrain.evaluate import evaluate_checkpoint
     from critic_pretrain.interop.export import export
-    from critic_pretrain.train import main as train_main
+    from conftest import train_main
 
     over = tiny_overrides(tmp_path / "run", toy_data, **{"train.max_steps": 2, "checkpoint.save_every": 2,
                                                         "model.head_std": 1.0, "optim.lr": 1e-3})
@@ -219,7 +219,7 @@ def test_position_limit(extra, limit):
 @pytest.mark.parametrize("policy", ["truncate", "skip"])
 def test_rollouts_longer_than_the_model_follow_overlong(policy, toy_data, tmp_path, capsys):
     """max_position_embeddings 24 < data.max_tokens: the model's limit caps max_length."""
-    from critic_pretrain.train import main as train_main
+    from conftest import train_main
     over = [o for o in tiny_overrides(tmp_path, toy_data, **{"train.max_steps": 1, "data.overlong": policy})
             if not o.startswith("model.config=")]
     assert train_main([*over, f"model.config={json.dumps({**TINY_MODEL, 'max_position_embeddings': 24})}"]) == 0

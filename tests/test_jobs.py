@@ -17,10 +17,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import ROOT, tiny_overrides
+from conftest import ROOT, tiny_overrides, train_main
 from critic_pretrain import jobs as runner
+from critic_pretrain.cli import main as cli_main
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain.train import main as train_main
 
 SBATCH = ROOT / "examples" / "slurm" / "critic_pretrain.sbatch"
 
@@ -30,6 +30,11 @@ def base_overrides(data: Path, **extra) -> list[str]:
     import alone costs seconds per job."""
     extra = {"train.max_steps": 4, "train.tensorboard": False, **extra}
     return [o for o in tiny_overrides(Path("unused"), data, **extra) if not o.startswith("output_dir=")]
+
+
+def runner_main(argv: list[str]) -> int:
+    """``critic-pretrain batch ARGV`` through the router."""
+    return cli_main(["batch", *argv])
 
 
 def write_jobs(path: Path, data: Path, jobs: list[dict], **extra) -> Path:
@@ -77,7 +82,7 @@ def test_preempted_batch_exits_75_then_resumes_exactly_then_skips(toy_data, tmp_
                            **{"train.max_steps": 40, "checkpoint.save_every": 0})
 
     watcher = signal_when_training(tmp_path / "a" / "metrics.jsonl")
-    assert runner.main([str(jobs_file)]) == runner.EXIT_PREEMPTED
+    assert runner_main([str(jobs_file)]) == runner.EXIT_PREEMPTED
     watcher.join()
     s = summary(jobs_file)
     assert s["a"]["status"] == "preempted" and s["a"]["exit_code"] == 75  # it saved: re-run to continue
@@ -86,7 +91,7 @@ def test_preempted_batch_exits_75_then_resumes_exactly_then_skips(toy_data, tmp_
     assert s["b"]["status"] == "not_started" and not (tmp_path / "b").exists()
     assert json.loads((tmp_path / "batch_summary.json").read_text())["exit_code"] == runner.EXIT_PREEMPTED
 
-    assert runner.main([str(jobs_file)]) == runner.EXIT_OK
+    assert runner_main([str(jobs_file)]) == runner.EXIT_OK
     s = summary(jobs_file)
     assert (s["a"]["status"], s["a"]["start_step"], s["a"]["final_step"]) == ("done", stopped_at, 40)
     assert (s["b"]["status"], s["b"]["start_step"], s["b"]["final_step"]) == ("done", None, 40)
@@ -97,7 +102,7 @@ def test_preempted_batch_exits_75_then_resumes_exactly_then_skips(toy_data, tmp_
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
     t0 = time.monotonic()
-    assert runner.main([str(jobs_file)]) == runner.EXIT_OK
+    assert runner_main([str(jobs_file)]) == runner.EXIT_OK
     assert statuses(jobs_file) == {"a": "skipped", "b": "skipped"}
     assert time.monotonic() - t0 < 20  # nothing was launched
 
@@ -113,7 +118,7 @@ def test_finished_job_skipped_and_failed_job_isolated(toy_data, tmp_path, capsys
         job("after", tmp_path / "after"),
     ])
     capsys.readouterr()
-    assert runner.main([str(jobs_file)]) == runner.EXIT_FAILED
+    assert runner_main([str(jobs_file)]) == runner.EXIT_FAILED
     s = summary(jobs_file)
     assert {n: j["status"] for n, j in s.items()} == {"done": "skipped", "bad": "failed", "after": "done"}
     assert s["bad"]["exit_code"] == 2 and s["bad"]["final_step"] is None
@@ -130,14 +135,14 @@ def test_fail_fast_and_clean_exit_without_finishing(toy_data, tmp_path):
         {**job("fails", tmp_path / "fails"), "launcher": ["false"]},
         job("next", tmp_path / "next"),
     ])
-    assert runner.main([str(jobs_file), "--fail-fast"]) == runner.EXIT_FAILED
+    assert runner_main([str(jobs_file), "--fail-fast"]) == runner.EXIT_FAILED
     assert statuses(jobs_file) == {"fails": "failed", "next": "not_started"}
 
     jobs_file = write_jobs(tmp_path / "jobs.yaml", toy_data, [
         {**job("quits", tmp_path / "quits"), "launcher": ["true"]},
         job("next", tmp_path / "next"),
     ])
-    assert runner.main([str(jobs_file)]) == runner.EXIT_PREEMPTED
+    assert runner_main([str(jobs_file)]) == runner.EXIT_PREEMPTED
     assert statuses(jobs_file) == {"quits": "preempted", "next": "not_started"}
 
 
@@ -163,7 +168,7 @@ def test_validation_errors_are_one_line(toy_data, tmp_path, capsys, jobs, expect
         jobs = {"defaults": {"overrides": base_overrides(toy_data)}, **jobs}
     jobs_file = tmp_path / "jobs.yaml"
     jobs_file.write_text(yaml.safe_dump(jobs))
-    assert runner.main([str(jobs_file)]) == runner.EXIT_USAGE
+    assert runner_main([str(jobs_file)]) == runner.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {jobs_file}: ") and expected in err, err
 

@@ -17,11 +17,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, toy_rows, tiny_overrides
+from conftest import ROOT, tiny_overrides, toy_rows, train_main
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.config import DataConfig, SourceConfig, TargetsConfig
 from critic_pretrain.data import prepare_store, weighted_rows
-from critic_pretrain.train import main as train_main
 from rollouts import write_rows
 
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_MODEL, tiny_overrides
+from conftest import ROOT, TINY_MODEL, tiny_overrides, train_main
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain.train import main as train_main
 
 
 def snapshot(out: Path) -> dict[str, tuple[int, int]]:

@@ -26,7 +26,7 @@ from critic_pretrain.interop.frameworks import config_lines, nemo_rl_reward_scal
 @pytest.fixture(scope="module")
 def run(toy_data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("seedrun")
-    from critic_pretrain.train import main as train_main
+    from conftest import train_main
     assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 4, "checkpoint.save_every": 2})) == 0
     return out
 
@@ -227,7 +227,7 @@ def test_stray_files_that_switch_nemo_rls_loader(seed, capsys, name):
 
 
 def test_head_without_bias_for_nemo_rl(run, toy_data, tmp_path, capsys):
-    from critic_pretrain.train import main as train_main
+    from conftest import train_main
     out = tmp_path / "nobias"
     assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 1, "model.head_bias": False})) == 0
     rc, _, err = check(capsys, out / "step_1")

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_overrides
+from conftest import tiny_overrides, train_main
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.config import StopConfig
 from critic_pretrain.metrics import StopRule, read_metrics
-from critic_pretrain.train import main as train_main
 
 
 def fake_run(root: Path, losses: dict[int, float]) -> None:

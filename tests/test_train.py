@@ -13,10 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, tiny_overrides
+from conftest import ROOT, tiny_overrides, train_main
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.metrics import read_metrics
-from critic_pretrain.train import main as train_main
 
 
 def train(out: Path, data: Path, **extra) -> int:

@@ -14,9 +14,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT, toy_rows, tiny_overrides
+from conftest import ROOT, tiny_overrides, toy_rows, train_main
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain.train import main as train_main
 from rollouts import write_rows
 
 

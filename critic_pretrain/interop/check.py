@@ -758,4 +758,5 @@ def print_report(report: SeedReport) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from critic_pretrain.cli import main as cli_main
+    sys.exit(cli_main(["seed", *sys.argv[1:]]))

@@ -575,4 +575,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from critic_pretrain.cli import main as cli_main
+    sys.exit(cli_main(["export", *sys.argv[1:]]))
