@@ -25,7 +25,6 @@ folder never becomes the resume point.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -53,6 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rollouts import fileio
 
+from . import faults
 from .errors import UserError
 from .interop.dcp import UntrustedContent, dcp_load
 from .model import write_value_config
@@ -305,17 +305,6 @@ def files_manifest(root: Path) -> dict[str, dict]:
             for f in sorted(root.rglob("*")) if f.is_file() and f.name != MANIFEST}
 
 
-def _fault(point: str, step: int) -> None:
-    """Test seam: ``CRITIC_PRETRAIN_FAULT=<point>@<step>`` kills the process (SIGKILL-like:
-    no cleanup) at that point of that step's save or retention; ``enospc@<step>`` makes that
-    save fail as on a full disk (after the weights are written)."""
-    fault = os.environ.get("CRITIC_PRETRAIN_FAULT")
-    if fault == f"{point}@{step}":
-        os._exit(137)
-    if fault == f"enospc@{step}" and point == "after_weights":
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -422,7 +411,7 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         if tokenizer is not None:
             tokenizer.save_pretrained(str(p.tokenizer_dir))
     del state
-    _fault("after_weights", step)
+    faults.hit("after_weights", step)
 
     if optimizer is not None:
         optim_state = {"optim": get_optimizer_state_dict(model, optimizer, options=OPTIM_OPTIONS),
@@ -430,7 +419,7 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         # Collective; each rank writes its shards.
         with _single_process_ok():
             dcp.save(optim_state, checkpoint_id=str(p.optim_dir), no_dist=not _distributed())
-    _fault("after_optimizer", step)
+    faults.hit("after_optimizer", step)
     save_rng_state(p.rng(rank), rng_state())
     barrier()
 
@@ -440,7 +429,7 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         fileio.write_json(p.training_info, training_info)
         fileio.write_text(p.config_yaml, config_yaml)
         fileio.write_json(p.resume_state, resume_state)
-        _fault("before_manifest", step)
+        faults.hit("before_manifest", step)
         manifest = {**manifest, "format_version": FORMAT_VERSION, "step": step,
                     "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files_manifest(tmp)}
         fileio.write_json(p.manifest, manifest)
@@ -449,7 +438,7 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
 
 def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
     """Rename the finished temporary folder to ``step_<n>`` (the atomic moment of a save)."""
-    _fault("before_rename", step)
+    faults.hit("before_rename", step)
     fileio.replace_dir(tmp, final, root / f"deleting_step_{step}")  # retention removes a leftover
     fileio.fsync_dir(root)
 
@@ -507,7 +496,7 @@ def apply_retention(output_dir: str | os.PathLike, keep_last: int | None, protec
                 # half-deleted folder named step_<n>.
                 doomed = root / f"deleting_step_{n}"
                 os.replace(root / f"step_{n}", doomed)
-                _fault("retention", steps[-1])
+                faults.hit("retention", steps[-1])
                 shutil.rmtree(doomed)
                 deleted.append(n)
     newest = steps[-1] if steps else -1

@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import signal
 import sys
 import time
@@ -30,6 +29,7 @@ import torch
 import yaml
 
 from critic_pretrain import checkpoint as ckpt
+from critic_pretrain import faults
 from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
 from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
                                   source_files, step_batches, to_device)
@@ -414,7 +414,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
             prog.step += 1
             prog.step_in_epoch += 1
             bar.update(1)
-            _test_signal(prog.step)
+            faults.hit("in_step", prog.step)  # tests only (faults.py); a no-op otherwise
             done = prog.step == cfg.train.max_steps
             logged = prog.step % cfg.train.log_every == 0 or done
             if logged:
@@ -508,15 +508,6 @@ def save(run: Run, step: int) -> None:
         ckpt.apply_retention(run.out, cfg.checkpoint.keep_last, protect, cfg.checkpoint.keep_best,
                              cfg.checkpoint.best_metric)
     log.info("saved %s", run.out / f"step_{step}")
-
-
-def _test_signal(step: int) -> None:
-    """Test seams after step k: ``CRITIC_PRETRAIN_SIGNAL_AT_STEP=k`` sends this process SIGTERM
-    (or ``CRITIC_PRETRAIN_SIGNAL``: INT, USR1) through the real handler, a deterministic
-    preemption; ``CRITIC_PRETRAIN_FAULT=in_step@k`` kills it (kill -9: no cleanup)."""
-    if os.environ.get("CRITIC_PRETRAIN_SIGNAL_AT_STEP") == str(step):
-        os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get("CRITIC_PRETRAIN_SIGNAL", "TERM")))
-    ckpt._fault("in_step", step)
 
 
 def _agree(flag: bool, accelerator) -> bool:
