@@ -12,7 +12,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_model.py tests/test_families.py 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_model.py tests/test_attention.py 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
 for shape in qwen2.5-0.5b qwen2.5-1.5b; do
   timeout 240 python3 bench/throughput.py --shape "$shape" --steps 20 --warmup 3 \
       --json "$OUT/bench_$shape.json" 2>&1 | grep -v Warning | tail -12 | tee "$OUT/bench_$shape.md"

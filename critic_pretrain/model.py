@@ -131,7 +131,7 @@ CONFIG_ERRORS = (ValueError, AssertionError, TypeError, KeyError, AttributeError
 """What transformers raises for a config it cannot build a model from (its own validation)."""
 
 SUPPORTED_FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "gemma2", "phi3", "gpt_oss")
-"""Families the test suite proves exact end to end (tests/test_families.py); the README lists them."""
+"""Families the test suite proves exact end to end (tests/test_attention.py); the README lists them."""
 
 
 def position_limit(config: PretrainedConfig) -> int | None:

@@ -1,15 +1,21 @@
-"""Training data: store with targets, split, packing, sharding, collation, loss normalisation."""
+"""Training data: store with targets, split, packing, sharding, collation, loss normalisation,
+sources with weights, filters and de-duplication."""
 
 from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, toy_rows
-from critic_pretrain.config import DataConfig, ModelConfig, TargetsConfig, load_config
+from conftest import TINY_MODEL, tiny_overrides, toy_rows, train_main
+from critic_pretrain import checkpoint as ckpt
+from critic_pretrain.config import DataConfig, ModelConfig, SourceConfig, TargetsConfig, load_config
 from critic_pretrain.data import (Layout, RolloutStore, collate_packed, effective_lengths, max_length_of, pack, plan_epoch,
-                                  prepare_store, split_by_group, step_batches)
+                                  prepare_store, split_by_group, step_batches, weighted_rows)
 from rollouts import RolloutError, write_rows
 
 
@@ -180,31 +186,78 @@ def test_loss_normalisation_is_independent_of_micro_batching(rows_dir, tmp_path)
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7)
 
 
-def test_config_overrides_and_errors(tmp_path):
-    from critic_pretrain.config import describe
-    from critic_pretrain.errors import UserError
+# --- sources: weights, filters, de-duplication ------------------------------------------------
 
-    cfg = load_config("configs/demo.yaml", ["train.max_steps=7", "data.train=a", "optim.lr=1e-3"])
-    assert cfg.train.max_steps == 7 and cfg.data.train == ["a"] and cfg.optim.lr == 1e-3
-    assert cfg.model.config["hidden_size"] == 64
-    for bad, msg in [("train.max_stepz=3", "did you mean 'train.max_steps'"),
-                     ("optim.schedule=exp", "use one of: constant, linear, cosine"),
-                     ("targets.lam=0.9", "needs bootstrap values"),
-                     ("data.max_length=99999", "must fit into one micro-batch"),
-                     ("train.grad_accum=two", "must be an integer"),
-                     ("nokey", "is not key=value"),
-                     ("optim.lr=1e-4", "optim.min_lr=0.0003 must be in")]:
-        with pytest.raises(UserError, match=msg):
-            load_config("configs/demo.yaml", [bad])
-    (tmp_path / "bad.yaml").write_text("train: [1, 2\n")
-    with pytest.raises(UserError, match="not valid YAML"):
-        load_config(tmp_path / "bad.yaml")
-    keys = {k for k, _, doc in describe()}
-    assert {"output_dir", "seed", "data.train", "data.val", "train.max_steps", "checkpoint.save_every",
-            "checkpoint.load_step", "checkpoint.keep_last"} <= keys
-    assert all(doc for _, _, doc in describe())  # every key is documented
-    for path in sorted((ROOT / "configs").glob("*.yaml")):  # every shipped recipe loads
-        load_config(path, ["data.train=x"])
-    from critic_pretrain.config import reference_markdown
-    assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), \
-        "docs/config.md is stale: python -m critic_pretrain.config > docs/config.md"
+@pytest.fixture
+def two_sources(tmp_path):
+    a = toy_rows(40, seed=1)
+    for i, r in enumerate(a):
+        r["policy_version"] = i % 4
+    b = toy_rows(30, seed=2)
+    write_rows(tmp_path / "a", a)
+    write_rows(tmp_path / "b", b)
+    write_rows(tmp_path / "b_copy", b[:10])  # the same sample_ids again, in another folder
+    return tmp_path, a, b
+
+
+def test_sources_filters_and_deduplication(two_sources, tmp_path):
+    root, a, b = two_sources
+    sources = [SourceConfig(paths=[str(root / "a")], name="a", policy_version=[1, 2], min_policy_tokens=5),
+               SourceConfig(paths=[str(root / "b"), str(root / "b_copy")], name="b", reward=[0.5, 1.0], max_length=30)]
+    store = prepare_store(sources, tmp_path / "cache", DataConfig(train=["x"]), TargetsConfig())
+    st = store.stats
+    want_a = [r for r in a if r["policy_version"] in (1, 2) and sum(r["loss_mask"]) >= 5]
+    want_b = [r for r in b if r["reward"] >= 0.5 and len(r["input_ids"]) <= 30]
+    assert st.sources == {"a": len(want_a), "b": len(want_b)}
+    assert st.duplicates == 10  # b_copy repeats b's ids: dropped, counted, not an error
+    assert st.filtered["policy_version"] == sum(r["policy_version"] not in (1, 2) for r in a)
+    assert st.filtered["reward"] == sum(r["reward"] < 0.5 for r in b)
+    ids = store.table.column("split_key").to_pylist()
+    assert len(ids) == len(want_a) + len(want_b)
+    assert set(store.source.tolist()) == {0, 1}
+    manifest = {Path(f["path"]).parent.name for f in store.files}
+    assert manifest == {"a", "b", "b_copy"} and all(len(f["fingerprint"]) == 35 for f in store.files)  # "v2:" + 32
+
+
+def test_source_weights_per_epoch():
+    idx = np.arange(100)
+    source = np.array([0] * 60 + [1] * 40)
+    rows0, _ = weighted_rows(idx, idx + 1, source, np.array([2.0, 0.5]), seed=0, epoch=0)
+    rows1, _ = weighted_rows(idx, idx + 1, source, np.array([2.0, 0.5]), seed=0, epoch=1)
+    assert (rows0 < 60).sum() == 120 and (rows0 >= 60).sum() == 20
+    assert set(rows0[rows0 >= 60]) != set(rows1[rows1 >= 60])  # a different half each epoch
+    same, _ = weighted_rows(idx, idx, source, np.array([1.0, 1.0]), seed=0, epoch=0)
+    assert np.array_equal(same, idx)
+
+
+def test_weighted_sources_train(two_sources, tmp_path):
+    root, _, _ = two_sources
+    out = tmp_path / "run"
+    srcs = '[{paths: [%s], weight: 2}, {paths: [%s], weight: 0.5, name: b}]' % (root / "a", root / "b")
+    assert train_main(tiny_overrides(out, root / "a", **{"data.train": "[]", "data.sources": srcs,
+                                                         "train.max_steps": 4})) == 0
+    manifest = json.loads((out / "step_4" / ckpt.MANIFEST).read_text())
+    assert {s["name"] for s in manifest["data"]["sources"]} == {None, "b"}
+    assert len(manifest["data"]["files"]) == 2 and manifest["data"]["changes"] == []
+
+
+@pytest.mark.parametrize("policy", ["truncate", "skip"])
+def test_rollouts_longer_than_the_model_follow_overlong(policy, toy_data, tmp_path, capsys):
+    """max_position_embeddings 24 < data.max_tokens: the model's limit caps max_length."""
+    from conftest import train_main
+    over = [o for o in tiny_overrides(tmp_path, toy_data, **{"train.max_steps": 1, "data.overlong": policy})
+            if not o.startswith("model.config=")]
+    assert train_main([*over, f"model.config={json.dumps({**TINY_MODEL, 'max_position_embeddings': 24})}"]) == 0
+    line = next(line for line in capsys.readouterr().err.splitlines() if " INFO data: " in line)
+    assert "longer than max_length=24 (the model position limit)" in line
+    assert ("truncated" if policy == "truncate" else "skipped") in line
+    counted = int(line.split(" longer than max_length")[0].rsplit(" ", 1)[1])
+    assert counted > 10  # most toy rollouts are longer than 24 tokens
+
+    from critic_pretrain.data import build_train_data
+    cfg = load_config(tmp_path / "config.yaml")
+    data = build_train_data(cfg.data, cfg.targets, tmp_path / "data_cache", main_first=contextlib.nullcontext,
+                            progress=False, model_limit=24)
+    assert data.overlong == counted and data.train_len.max() <= 24
+    if policy == "skip":
+        assert data.train.lengths[data.train_idx].max() <= 24

@@ -6,10 +6,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from conftest import TINY_MODEL
+from conftest import TINY_MODEL, tiny_overrides
 from critic_pretrain import attention
 from critic_pretrain.config import ModelConfig
-from critic_pretrain.model import build_value_model, shift_values, token_values
+from critic_pretrain.errors import UserError
+from critic_pretrain.model import build_config, build_value_model, position_limit, shift_values, token_values
 
 LENS = [5, 17, 1, 9, 30]
 
@@ -122,3 +123,47 @@ def test_varlen_matches_per_sequence_on_gpu():
         per_seq = token_values(model, pad.cuda(), torch.arange(pad.shape[1], device="cuda").expand_as(pad),
                                am.cuda())
     torch.testing.assert_close(varlen, unpad(per_seq, [64, 300, 17, 900]), rtol=2e-2, atol=2e-2)
+
+
+# --- models we cannot train, and what a model supports -------------------------------------
+
+SMALL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+         "pad_token_id": 0, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"model_type": "gemma3_text"}, "no token-classification class"),
+    ({"model_type": "olmo2"}, "no token-classification class"),
+    ({**SMALL, "model_type": "qwen2", "pad_token_id": 64}, "pad_token_id=64 is not a token of the vocabulary"),
+    ({**SMALL, "model_type": "phi3", "pad_token_id": 32000}, "pad_token_id=32000"),
+    ({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4},
+     "names its head differently from 'score'"),
+    ({**SMALL, "model_type": "qwen2", "hiden_size": 48}, "did you mean 'hidden_size'"),
+    ({**SMALL, "model_type": "openai_privacy_filter"}, "attends in both directions"),
+    ({"model_type": "funnel", "num_hidden_layers": 3}, "transformers refuses this 'funnel' config"),
+])
+def test_models_we_cannot_train_fail_in_one_line(config, match):
+    with pytest.raises(UserError, match=match) as e:
+        build_config(ModelConfig(config=config))
+    assert "\n" not in str(e.value)
+
+
+def test_train_cli_refuses_in_one_line(toy_data, tmp_path, capsys):
+    from critic_pretrain.cli import main as cli_main
+    over = [o for o in tiny_overrides(tmp_path, toy_data) if not o.startswith("model.config=")]
+    assert cli_main(["train", *over, 'model.config={"model_type": "gemma3_text"}']) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "gemma3_text" in errors[0] and "Traceback" not in err
+    assert not (tmp_path / "data_cache").exists()  # refused before any data work
+
+
+@pytest.mark.parametrize("extra, limit", [
+    ({}, 512),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}}, 2048),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+      "original_max_position_embeddings": 256, "low_freq_factor": 1.0, "high_freq_factor": 4.0}}, 4096),
+])
+def test_position_limit(extra, limit):
+    assert position_limit(build_config(ModelConfig(config={**TINY_MODEL, **extra}))) == limit

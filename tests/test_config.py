@@ -1,0 +1,54 @@
+"""Run configuration: YAML, dotted overrides, validation messages, the reference doc, and what a
+resume may change (``run_changes``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT
+from critic_pretrain.config import Config, load_config, refused_changes, run_changes
+
+
+def test_config_overrides_and_errors(tmp_path):
+    from critic_pretrain.config import describe
+    from critic_pretrain.errors import UserError
+
+    cfg = load_config("configs/demo.yaml", ["train.max_steps=7", "data.train=a", "optim.lr=1e-3"])
+    assert cfg.train.max_steps == 7 and cfg.data.train == ["a"] and cfg.optim.lr == 1e-3
+    assert cfg.model.config["hidden_size"] == 64
+    for bad, msg in [("train.max_stepz=3", "did you mean 'train.max_steps'"),
+                     ("optim.schedule=exp", "use one of: constant, linear, cosine"),
+                     ("targets.lam=0.9", "needs bootstrap values"),
+                     ("data.max_length=99999", "must fit into one micro-batch"),
+                     ("train.grad_accum=two", "must be an integer"),
+                     ("nokey", "is not key=value"),
+                     ("optim.lr=1e-4", "optim.min_lr=0.0003 must be in")]:
+        with pytest.raises(UserError, match=msg):
+            load_config("configs/demo.yaml", [bad])
+    (tmp_path / "bad.yaml").write_text("train: [1, 2\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    keys = {k for k, _, doc in describe()}
+    assert {"output_dir", "seed", "data.train", "data.val", "train.max_steps", "checkpoint.save_every",
+            "checkpoint.load_step", "checkpoint.keep_last"} <= keys
+    assert all(doc for _, _, doc in describe())  # every key is documented
+    for path in sorted((ROOT / "configs").glob("*.yaml")):  # every shipped recipe loads
+        load_config(path, ["data.train=x"])
+    from critic_pretrain.config import reference_markdown
+    assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), \
+        "docs/config.md is stale: python -m critic_pretrain.config > docs/config.md"
+
+
+def test_run_defining_changes():
+    old = Config().to_dict()
+    new = load_config(None, ["data.train=x", "model.config={model_type: qwen2}", "targets.gamma=0.9",
+                             "train.log_every=5", "train.max_steps=200"])
+    changed = {k for k, _, _ in run_changes(old, new)}
+    assert {"targets.gamma", "train.max_steps", "model.config"} <= changed
+    assert "train.log_every" not in changed and "data.train" not in changed  # operational / compared by content
+    assert refused_changes(run_changes(old, new), ["targets", "model.config", "train.max_steps"]) == []
+    const = load_config(None, ["data.train=x", "model.config={model_type: qwen2}", "optim.schedule=constant",
+                               "train.max_steps=500"])
+    old_const = {**Config().to_dict(), "optim": {**Config().to_dict()["optim"], "schedule": "constant"},
+                 "model": {**Config().to_dict()["model"], "config": {"model_type": "qwen2"}}}
+    assert "train.max_steps" not in {k for k, _, _ in run_changes(old_const, const)}
