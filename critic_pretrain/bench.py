@@ -18,7 +18,7 @@ or the bundled sample's (``--lengths sample``):
   CUDA, prefetching DataLoader workers.
 
 Reported per variant: real (non-padding) tokens/s, MFU against ``--peak-tflops`` with
-DESIGN.md's formula (6 * matmul params * tokens + 12 * layers * hidden * sum(L_i^2); no LM
+docs/design.md's formula (6 * matmul params * tokens + 12 * layers * hidden * sum(L_i^2); no LM
 head, no embeddings), peak device memory, padding fraction, and the share of step time spent
 waiting for data. Plus the CPU pipeline: rollout reading + validation + targets, and packing,
 in tokens/s, against what the device consumed.

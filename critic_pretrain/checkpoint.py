@@ -24,7 +24,6 @@ folder never becomes the resume point.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -33,7 +32,6 @@ import re
 import shutil
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +52,7 @@ from rollouts import fileio
 
 from . import faults
 from .errors import UserError
-from .interop.dcp import UntrustedContent, dcp_load
+from .interop.dcp import UntrustedContent, dcp_load, distributed, single_process_ok
 from .model import write_value_config
 from .selection import ranked
 
@@ -417,8 +415,8 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         optim_state = {"optim": get_optimizer_state_dict(model, optimizer, options=OPTIM_OPTIONS),
                        "sched": scheduler.state_dict()}
         # Collective; each rank writes its shards.
-        with _single_process_ok():
-            dcp.save(optim_state, checkpoint_id=str(p.optim_dir), no_dist=not _distributed())
+        with single_process_ok():
+            dcp.save(optim_state, checkpoint_id=str(p.optim_dir), no_dist=not distributed())
     faults.hit("after_optimizer", step)
     save_rng_state(p.rng(rank), rng_state())
     barrier()
@@ -441,18 +439,6 @@ def _publish(root: Path, tmp: Path, final: Path, step: int) -> None:
     faults.hit("before_rename", step)
     fileio.replace_dir(tmp, final, root / f"deleting_step_{step}")  # retention removes a leftover
     fileio.fsync_dir(root)
-
-
-@contextlib.contextmanager
-def _single_process_ok():
-    """DCP warns on every single-process save/load, which is our normal case: silence that one."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -5,7 +5,7 @@ The model is ``AutoModelForTokenClassification(config, num_labels=1)`` with
 instantiate for a critic, so our weights load into theirs with strict key matching
 (``model.<backbone>``, ``score.weight`` [1, H], ``score.bias`` [1]).
 
-Alignment (DESIGN.md, all PPO frameworks agree): the value of token t is the head applied
+Alignment (docs/design.md, all PPO frameworks agree): the value of token t is the head applied
 to the hidden state at t-1; position 0 of every sequence gets 0. ``token_values`` applies
 that shift, also inside packed batches where each sequence starts at ``position_ids == 0``.
 """

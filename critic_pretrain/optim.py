@@ -1,7 +1,7 @@
 """AdamW, the LR schedule, and the schedule metadata written beside the optimizer state.
 
 One parameter group, as NeMo-RL builds its value optimizer: a seed whose optimizer state
-has several groups loads silently with the wrong weight decay there (DESIGN.md).
+has several groups loads silently with the wrong weight decay there (docs/design.md).
 The schedule is a ``LambdaLR`` (warmup, then constant / linear / cosine decay to
 ``min_lr``); its state dict is what NeMo-RL expects when no ``value.scheduler`` is set.
 """
@@ -42,7 +42,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_step
 
 def scheduler_metadata(cfg: OptimConfig, max_steps: int, step: int, scheduler: LambdaLR, progress, layout,
                        max_tokens: int) -> dict:
-    """Schedule description with Megatron-equivalent field names (DESIGN.md, contract 2).
+    """Schedule description with Megatron-equivalent field names (docs/design.md, "Megatron backend").
 
     ``train_global_batch_size`` is the mean number of rollouts per optimizer step so far:
     batches are token budgets (``global_batch_tokens``), not fixed rollout counts.

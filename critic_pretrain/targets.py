@@ -2,7 +2,7 @@
 
 Every function takes ``[B, T]`` tensors (batch, token positions). ``mask`` marks the positions the
 policy generated (1) versus prompt, tool/environment output and padding (0). Semantics follow
-NeMo-RL and verl (see DESIGN.md, "Targets"):
+NeMo-RL and verl (see docs/design.md, "Targets"):
 
 * an outcome reward sits on the last position whose mask is 1;
 * GAE uses *carry-forward* masking: positions with mask 0 are skipped, so the discount and the

@@ -276,7 +276,7 @@ def _check_step(report: SeedReport, root: Path, ppo_config, ppo_config_path, fin
 
 
 def _check_strays(report: SeedReport, weights_root: Path) -> None:
-    """Files that switch NeMo-RL's loader to another format (DESIGN.md, contract 1)."""
+    """Files that switch NeMo-RL's loader to another format (docs/design.md, "NeMo-RL loads")."""
     distcp = sorted(weights_root.rglob("*.distcp"))
     if distcp:
         report.fail("weights", f"stray DCP file {distcp[0].relative_to(weights_root.parent.parent)} in value/weights: "

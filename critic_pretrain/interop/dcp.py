@@ -111,9 +111,9 @@ def dcp_load(state: dict, path: Path) -> None:
     """``dcp.load(state)`` from ``path``, with the safe reader and planner."""
     reader = _safe_reader(path)
     reader.read_metadata()  # refuse a foreign .metadata here, before DCP wraps the error per rank
-    with _single_process_ok():
+    with single_process_ok():
         try:
-            dcp.load(state, storage_reader=reader, planner=_safe_planner(), no_dist=not _distributed())
+            dcp.load(state, storage_reader=reader, planner=_safe_planner(), no_dist=not distributed())
         except dcp.api.CheckpointException as e:
             ours = [line for line in str(e).splitlines() if "not plain data" in line or "not part of" in line]
             if ours:
@@ -129,14 +129,15 @@ def _first_line(e: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _single_process_ok():
+def single_process_ok():
     """DCP warns on every single-process save/load, which is our normal case: silence that one."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
 
 
-def _distributed() -> bool:
+def distributed() -> bool:
+    """Whether a process group is up (DCP then coordinates all ranks)."""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 

@@ -31,7 +31,6 @@ import os
 import shutil
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from rollouts import fileio
 from .. import checkpoint as ckpt
 from ..errors import UserError
 from .check import SeedReport, check_seed
-from .dcp import read_dcp, scheduler_class
+from .dcp import read_dcp, scheduler_class, single_process_ok
 from .frameworks import (CONSTANT_TOTAL_ITERS, FORMAT_ALIASES, FORMATS, HEAD, config_lines,
                          framework_of_format, trl_bias_snippet)
 
@@ -277,8 +276,7 @@ def _export_optimizer(src: ckpt.StepPaths, dst: ckpt.StepPaths, result: ExportRe
     _verify_scheduler(sched, scheduler, new_lr, total_iters)
     import torch.distributed.checkpoint as dcp
 
-    with warnings.catch_warnings():  # "torch.distributed is disabled...": single-process is the intent
-        warnings.simplefilter("ignore", UserWarning)
+    with single_process_ok():
         dcp.save({"optim": optim, "sched": sched}, checkpoint_id=str(dst.optim_dir), no_dist=True)
     for f in sorted(dst.optim_dir.iterdir()):
         result.files[_rel(f, dst.root)] = "written"
