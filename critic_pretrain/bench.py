@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from critic_pretrain.config import DataConfig, ModelConfig, TargetsConfig
     from critic_pretrain.data import prepare_store
-    from critic_pretrain.model import build_value_model, count_parameters
+    from critic_pretrain.model import build_value_model, count_parameters, enable_checkpointing
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device.type == "cuda"
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             attn = baseline_attention(shape) if name == "baseline" else "auto"
             model = build_value_model(ModelConfig(config=dict(shape), attn_implementation=attn)).to(device)
             if ckpting:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                enable_checkpointing(model)
             model.train()
             if name == "baseline":
                 batch_rows = max(1, int(max_tokens / store.lengths.mean()))

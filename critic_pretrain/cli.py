@@ -31,6 +31,7 @@ COMMANDS = {
     "report": ("critic_pretrain.report", "PNG plots and a summary of one or more runs"),
     "export": ("critic_pretrain.interop.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
     "seed": ("critic_pretrain.interop.check", "check a seed before a PPO run loads it: seed check PATH"),
+    "plan": ("critic_pretrain.plan", "memory per GPU under DDP and FSDP2, and the largest data.max_tokens that fits"),
     "bench": ("critic_pretrain.bench", "throughput benchmark: ours vs a plain padded loop"),
     "batch": ("critic_pretrain.jobs", "run several train jobs from a JOBS.yaml, resumable, with a summary"),
 }

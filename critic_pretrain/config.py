@@ -198,6 +198,9 @@ class TrainConfig:
     tensorboard package is installed)."""
     stop_when: StopConfig = field(default_factory=StopConfig)
     """Optional early stop on a validation metric; the run saves a final checkpoint."""
+    collective_timeout_s: float = 1800.0
+    """With several ranks: how long a collective (a gradient reduction, a save's barrier) may wait
+    for a rank before the run stops with an error instead of hanging."""
     allow_config_changes: list[str] = field(default_factory=list)
     """Keys (or sections, e.g. `targets`) a resume may change although they define the run
     (targets, model, optimizer schedule, data split and batching). A resume that changes any
@@ -259,10 +262,12 @@ class Config:
 # stretched mid-way, a different split). Prefixes cover whole sections.
 RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias", "model.dtype", "targets.",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
-                "optim.warmup_steps", "train.max_steps", "train.grad_accum", "train.grad_clip", "data.sources",
+                "optim.warmup_steps", "train.max_steps", "train.grad_clip", "data.sources",
                 "data.val_fraction", "data.max_tokens", "data.max_length", "data.overlong", "data.shuffle",
                 "data.on_bad")
 # data.train / data.val paths are not here: the data manifest compares the files themselves.
+# train.grad_accum is not here either: what must stay is world size x grad_accum, the micro-batches
+# of one optimizer step (train.check_layout), so a run may resume on another number of ranks.
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -392,6 +397,8 @@ def _coerce(value: Any, t: Any, key: str) -> Any:
                 errors.append(e)
         raise errors[0]
     if origin is Literal:
+        if isinstance(value, bool):  # YAML 1.1 reads no/off as False and yes/on as True
+            value = next((a for a in (("yes", "on", "true") if value else ("no", "off", "false")) if a in args), value)
         if value not in args:
             raise UserError(f"config key '{key}' is {value!r}; use one of: {', '.join(map(str, args))}")
         return value
@@ -475,6 +482,7 @@ def check_values(cfg: Config) -> None:
     need(cfg.train.grad_accum > 0, "train.grad_accum must be > 0")
     need(cfg.train.grad_clip is None or cfg.train.grad_clip > 0, "train.grad_clip must be > 0 or null")
     need(cfg.train.log_every > 0, "train.log_every must be > 0")
+    need(cfg.train.collective_timeout_s > 0, "train.collective_timeout_s must be > 0 (seconds)")
     need(cfg.checkpoint.save_every >= 0, "checkpoint.save_every must be >= 0 (0: save only at the end)")
     need(cfg.checkpoint.load_step is None or cfg.checkpoint.load_step >= 0, "checkpoint.load_step must be >= 0")
     need(cfg.checkpoint.keep_last is None or cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1")

@@ -5,8 +5,8 @@ lookups, so the hook costs nothing in a real run):
 
 - ``CRITIC_PRETRAIN_FAULT=<point>@<step>``: die at that point as kill -9 would (exit 137, no
   cleanup, no ``finally``);
-- ``CRITIC_PRETRAIN_FAULT=enospc@<step>``: the save of that step fails as on a full disk, after
-  its weights are written;
+- ``CRITIC_PRETRAIN_FAULT=enospc@<step>``: the save of that step fails on rank 0 (the rank that
+  writes the weights) as on a full disk, after its weights are written;
 - ``CRITIC_PRETRAIN_SIGNAL_AT_STEP=<step>``: after that optimizer step the process sends itself
   ``CRITIC_PRETRAIN_SIGNAL`` (TERM by default; INT, USR1) through the real handlers.
 
@@ -35,5 +35,5 @@ def hit(point: str, step: int) -> None:
         os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get(SIGNAL_ENV, "TERM")))
     if fault == f"{point}@{step}":
         os._exit(137)
-    if fault == f"enospc@{step}" and point == "after_weights":
+    if fault == f"enospc@{step}" and point == "after_weights" and os.environ.get("RANK", "0") == "0":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -282,6 +282,15 @@ def set_head_bias_value(model: PreTrainedModel, value: float) -> None:
             model.score.bias.fill_(value)
 
 
+def enable_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant): transformers'
+    ``activation_checkpointing_enable`` where it exists (5.2x), else the older name."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def shift_values(logits: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
     """[B, T] head outputs -> [B, T] values: value[t] = head(h[t-1]), 0 at every sequence start.
 

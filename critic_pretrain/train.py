@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,14 @@ import torch
 import yaml
 
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain import faults
+from critic_pretrain import faults, parallel
 from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
 from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
                                   source_files, step_batches, to_device)
 from critic_pretrain.errors import UserError
 from critic_pretrain.evaluate import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, summarize, value_sums
-from critic_pretrain.model import (build_config, build_value_model, count_parameters, position_limit,
+from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, position_limit,
                                    set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, scheduler_metadata
 from rollouts import fileio
@@ -156,13 +157,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import InitProcessGroupKwargs, set_seed
 
     # ---- accelerator ------------------------------------------------------------------------
     mp = cfg.train.mixed_precision
     if mp == "auto":
         mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-    accelerator = Accelerator(mixed_precision=mp)
+    # A rank that dies mid-collective must not leave the others waiting forever.
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.collective_timeout_s))
+    accelerator = Accelerator(mixed_precision=mp, kwargs_handlers=[timeout])
     is_main = accelerator.is_main_process
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
@@ -177,6 +180,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     if resume_dir is not None:
         log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
         config_changes = check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
+        check_layout(resume_dir, layout)
         data_changes = check_data_changes(resume_dir, cfg.data)
     else:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
@@ -204,7 +208,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     if resume_dir is None and cfg.model.bias_init == "mean_target" and cfg.model.init_from == "backbone":
         set_head_bias_value(model, data.train.stats.mean_target)
     if cfg.train.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     n = count_parameters(model)
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mp, getattr(torch, cfg.model.dtype))
     log.info("value model %s: %.2fM parameters (%.2fM without embeddings), mixed precision %s, %d process(es)",
@@ -212,10 +216,17 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     log.info("attention %s: %s", model.config._attn_implementation,
              model.attention_plan.describe(accelerator.device, compute_dtype))
 
-    # ---- optimizer ----------------------------------------------------------------------------
+    # ---- sharding and optimizer ----------------------------------------------------------------
+    own_fsdp2 = parallel.needs_own_fsdp2(accelerator)
+    if own_fsdp2:  # before the optimizer: it must see the sharded (DTensor) parameters
+        parallel.shard_fsdp2(model.to(accelerator.device))
     optimizer = build_optimizer(model, cfg.optim, accelerator.device)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)  # stepped by us, once per step
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if own_fsdp2:
+        optimizer = accelerator.prepare(optimizer)  # the model stays as sharded: no DDP wrapper
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    log.info("parallelism: %s", parallel.describe(accelerator, model))
     prog = TrainState()
     if resume_dir is not None:
         prog = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
@@ -258,6 +269,22 @@ def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
                 "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in changes))
     return history + [{"at_step": ckpt.step_number(step_dir),
                        "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]}]
+
+
+def check_layout(step_dir: Path, layout: Layout) -> None:
+    """A resume may change the number of ranks, not the micro-batches of one optimizer step
+    (world x grad_accum): the data position counts steps of the same epoch plan."""
+    paths = ckpt.StepPaths(step_dir)
+    world = (paths.read_manifest() or {}).get("world_size")
+    accum = ((paths.read_config() or {}).get("train") or {}).get("grad_accum")
+    if not isinstance(world, int) or not isinstance(accum, int) or world * accum == layout.per_step:
+        return
+    per_step = world * accum
+    fix = (f"set train.grad_accum={per_step // layout.world}" if per_step % layout.world == 0
+           else f"run on a number of ranks that divides {per_step}")
+    raise UserError(f"{step_dir.name} was trained with {world} rank(s) x train.grad_accum {accum} = {per_step} "
+                    f"micro-batches per step; this run has {layout.world} x {layout.grad_accum} = {layout.per_step}. "
+                    f"To resume on {layout.world} rank(s), {fix}, so every step sees the same data")
 
 
 def _short(v) -> str:
@@ -494,6 +521,25 @@ def save(run: Run, step: int) -> None:
         "config_changes": run.config_changes,
         "world_size": run.layout.world, "versions": ckpt.library_versions(),
     }
+    try:
+        _save_checkpoint(run, step, raw, info, manifest)
+    except RuntimeError as e:  # a collective broke: another rank failed its part of the save
+        if run.layout.world == 1 or isinstance(e, UserError):
+            raise
+        prev = sorted(ckpt.find_checkpoints(run.out))
+        raise UserError(f"saving {run.out / f'step_{step}'} failed on another rank (see its error; here: "
+                        f"{str(e).strip().splitlines()[0][:120]}); "
+                        + (f"step_{prev[-1]} is intact" if prev else "no earlier checkpoint exists")
+                        + "; re-run the same command to resume") from None
+    if run.accelerator.is_main_process:
+        protect = {ckpt.step_number(run.resume_dir)} if run.resume_dir is not None else set()
+        ckpt.apply_retention(run.out, cfg.checkpoint.keep_last, protect, cfg.checkpoint.keep_best,
+                             cfg.checkpoint.best_metric)
+    log.info("saved %s", run.out / f"step_{step}")
+
+
+def _save_checkpoint(run: Run, step: int, raw, info: dict, manifest: dict) -> None:
+    cfg, prog = run.cfg, run.prog
     ckpt.save_checkpoint(
         run.out, step, model=run.model,
         optimizer=run.optimizer.optimizer if cfg.checkpoint.save_optimizer else None, scheduler=run.scheduler,
@@ -503,11 +549,6 @@ def save(run: Run, step: int) -> None:
         config_yaml=yaml.safe_dump(cfg.to_dict(), sort_keys=False), resume_state={"progress": vars(prog)},
         tokenizer=run.tokenizer, is_main=run.accelerator.is_main_process, rank=run.layout.rank,
         barrier=run.accelerator.wait_for_everyone)
-    if run.accelerator.is_main_process:
-        protect = {ckpt.step_number(run.resume_dir)} if run.resume_dir is not None else set()
-        ckpt.apply_retention(run.out, cfg.checkpoint.keep_last, protect, cfg.checkpoint.keep_best,
-                             cfg.checkpoint.best_metric)
-    log.info("saved %s", run.out / f"step_{step}")
 
 
 def _agree(flag: bool, accelerator) -> bool:
