@@ -157,6 +157,9 @@ class OptimConfig:
     """Linear warmup from 0 over this many optimizer steps."""
     fused: bool | None = None
     """Fused AdamW kernel; default: on for CUDA."""
+    head_lr: float | None = None
+    """Learning rate of the value head (null: `lr`). Applied by scaling the head's AdamW step, so
+    the optimizer keeps the one parameter group NeMo-RL expects; follows the same schedule."""
 
 
 @dataclass
@@ -198,6 +201,10 @@ class TrainConfig:
     tensorboard package is installed)."""
     stop_when: StopConfig = field(default_factory=StopConfig)
     """Optional early stop on a validation metric; the run saves a final checkpoint."""
+    freeze_backbone_steps: int = 0
+    """Head-only warm-up: the first N optimizer steps update only the value head (the backbone's
+    gradients are dropped, so AdamW leaves it and its moments alone). For critics started from
+    a reward model or PRM (`model.init_from: reward_model`), as VAPO-style recipes do."""
     collective_timeout_s: float = 1800.0
     """With several ranks: how long a collective (a gradient reduction, a save's barrier) may wait
     for a rank before the run stops with an error instead of hanging."""
@@ -262,7 +269,7 @@ class Config:
 # stretched mid-way, a different split). Prefixes cover whole sections.
 RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias", "model.dtype", "targets.",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
-                "optim.warmup_steps", "train.max_steps", "train.grad_clip", "data.sources",
+                "optim.warmup_steps", "optim.head_lr", "train.freeze_backbone_steps", "train.max_steps", "train.grad_clip", "data.sources",
                 "data.val_fraction", "data.max_tokens", "data.max_length", "data.overlong", "data.shuffle",
                 "data.on_bad")
 # data.train / data.val paths are not here: the data manifest compares the files themselves.
@@ -290,7 +297,8 @@ def run_changes(old: dict, new: Config) -> list[tuple[str, Any, Any]]:
     """(key, old, new) for every run-defining key that differs between a checkpoint's
     ``config.yaml`` (``old``, a plain dict) and ``new``. ``train.max_steps`` only counts when
     the schedule has a horizon (linear or cosine)."""
-    before, after = flatten(old), flatten(new.to_dict())
+    # A key the old config lacks (written before the key existed) had its default then.
+    before, after = {**flatten(Config().to_dict()), **flatten(old)}, flatten(new.to_dict())
     changed = []
     for key in sorted(before.keys() | after.keys()):
         a, b = before.get(key), after.get(key)
@@ -482,6 +490,8 @@ def check_values(cfg: Config) -> None:
     need(cfg.train.grad_accum > 0, "train.grad_accum must be > 0")
     need(cfg.train.grad_clip is None or cfg.train.grad_clip > 0, "train.grad_clip must be > 0 or null")
     need(cfg.train.log_every > 0, "train.log_every must be > 0")
+    need(cfg.train.freeze_backbone_steps >= 0, "train.freeze_backbone_steps must be >= 0")
+    need(cfg.optim.head_lr is None or cfg.optim.head_lr > 0, f"optim.head_lr={cfg.optim.head_lr} must be > 0 or null")
     need(cfg.train.collective_timeout_s > 0, "train.collective_timeout_s must be > 0 (seconds)")
     need(cfg.checkpoint.save_every >= 0, "checkpoint.save_every must be >= 0 (0: save only at the end)")
     need(cfg.checkpoint.load_step is None or cfg.checkpoint.load_step >= 0, "checkpoint.load_step must be >= 0")

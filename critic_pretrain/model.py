@@ -282,6 +282,11 @@ def set_head_bias_value(model: PreTrainedModel, value: float) -> None:
             model.score.bias.fill_(value)
 
 
+def is_head(parameter_name: str) -> bool:
+    """The value head's parameters (``score.weight``, ``score.bias``; under DDP ``module.score.*``)."""
+    return parameter_name.startswith(("score.", "module.score."))
+
+
 def enable_checkpointing(model: PreTrainedModel) -> None:
     """Recompute each decoder layer's activations in backward (non-reentrant): transformers'
     ``activation_checkpointing_enable`` where it exists (5.2x), else the older name."""

@@ -23,6 +23,22 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
                              weight_decay=cfg.weight_decay, fused=fused or None)
 
 
+def init_moments(optimizer: torch.optim.AdamW) -> None:
+    """Give every parameter AdamW state (zero moments, step 0) before the first step, as AdamW
+    itself would on a parameter's first update. With a head-only warm-up the backbone gets no
+    update for a while; its state must still exist, so a checkpoint saved meanwhile covers every
+    parameter (NeMo-RL's loader and our resume need that) and the backbone starts its bias
+    correction at its own first step."""
+    for group in optimizer.param_groups:
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for p in group["params"]:
+            if p.requires_grad and not optimizer.state[p]:
+                optimizer.state[p] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu"),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+
 def lr_factor(step: int, cfg: OptimConfig, max_steps: int) -> float:
     """LR multiplier for the optimizer step with 0-based index ``step``."""
     if step < cfg.warmup_steps:

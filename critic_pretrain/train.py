@@ -37,9 +37,10 @@ from critic_pretrain.data import (Layout, TrainData, build_train_data, file_mani
 from critic_pretrain.errors import UserError
 from critic_pretrain.evaluate import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, summarize, value_sums
-from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, position_limit,
+from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
+                                   position_limit,
                                    set_head_bias_value, token_values)
-from critic_pretrain.optim import build_optimizer, build_scheduler, scheduler_metadata
+from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
 from rollouts import fileio
 
 log = logging.getLogger("critic_pretrain")
@@ -222,6 +223,9 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
         parallel.shard_fsdp2(model.to(accelerator.device))
     optimizer = build_optimizer(model, cfg.optim, accelerator.device)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.train.max_steps)  # stepped by us, once per step
+    if cfg.train.freeze_backbone_steps:
+        init_moments(optimizer)  # the frozen backbone's state exists from the start (saves cover it)
+        log.info("head-only warm-up: steps 1-%d update only the value head", cfg.train.freeze_backbone_steps)
     if own_fsdp2:
         optimizer = accelerator.prepare(optimizer)  # the model stays as sharded: no DDP wrapper
     else:
@@ -375,9 +379,20 @@ def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerat
             sq_err = mb["weights"] * (values - mb["targets"]).square()                                  # [1, N]
             accelerator.backward(sq_err.sum() * scale)
         sums += value_sums(values, mb["targets"], mb["weights"])
+    head = [p for name, p in model.named_parameters() if is_head(name)]
+    if scheduler.last_epoch < cfg.train.freeze_backbone_steps:  # head-only warm-up: AdamW skips grad-less params
+        keep = {id(p) for p in head}
+        for p in model.parameters():
+            if id(p) not in keep:
+                p.grad = None
     clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), clip)
+    grad_norm = accelerator.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)
+    head_lr_ratio = cfg.optim.head_lr / cfg.optim.lr if cfg.optim.head_lr is not None else 1.0
+    before = [p.detach().clone() for p in head] if head_lr_ratio != 1.0 else []
     optimizer.step()
+    with torch.no_grad():  # AdamW's step is linear in lr: scaling the head's step is a head lr, one param group
+        for p, old in zip(head, before):
+            p.add_((p - old) * (head_lr_ratio - 1.0))
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return sums, grad_norm

@@ -52,3 +52,11 @@ def test_run_defining_changes():
     old_const = {**Config().to_dict(), "optim": {**Config().to_dict()["optim"], "schedule": "constant"},
                  "model": {**Config().to_dict()["model"], "config": {"model_type": "qwen2"}}}
     assert "train.max_steps" not in {k for k, _, _ in run_changes(old_const, const)}
+
+
+def test_keys_added_since_a_checkpoint_default_to_their_old_value():
+    """A config.yaml written before a key existed resumes: the missing key meant its default."""
+    old = Config().to_dict()
+    del old["train"]["freeze_backbone_steps"], old["optim"]["head_lr"]
+    new = load_config(None, ["data.train=x", "model.config={model_type: qwen2}"])
+    assert not {k for k, _, _ in run_changes(old, new)} & {"train.freeze_backbone_steps", "optim.head_lr"}

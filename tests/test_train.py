@@ -274,3 +274,60 @@ def test_sigterm_to_the_whole_process_group_saves(toy_data, tmp_path):
     assert "stopped by a signal: saved step_" in err
     newest = sorted(ckpt.find_checkpoints(out))[-1]
     assert 3 <= newest < 2000 and ckpt.verify(out / f"step_{newest}") is None
+
+
+# --- head-only warm-up and the head's learning rate -----------------------------------------
+
+def test_head_only_warm_up_freezes_the_backbone_then_trains_it(toy_data, tmp_path):
+    from critic_pretrain.interop.check import check_seed
+    out = tmp_path / "warm"
+    assert train(out, toy_data, **{"train.max_steps": 5, "checkpoint.save_every": 1,
+                                   "train.freeze_backbone_steps": 3}) == 0
+    w = {n: weights(out / f"step_{n}") for n in (1, 3, 4)}
+    backbone = [k for k in w[1] if not k.startswith("score.")]
+    assert all(torch.equal(w[1][k], w[3][k]) for k in backbone)            # frozen for steps 1-3
+    assert not torch.equal(w[1]["score.weight"], w[3]["score.weight"])    # the head learns meanwhile
+    assert sum(not torch.equal(w[3][k], w[4][k]) for k in backbone) == len(backbone)  # step 4: all of it
+    assert check_seed(out / "step_2").ok  # a warm-up checkpoint covers every parameter's optimizer state
+    # resuming inside the warm-up continues exactly
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed, ignore=shutil.ignore_patterns("step_3", "step_4", "step_5", "data_cache"))
+    assert train(resumed, toy_data, **{"train.max_steps": 5, "checkpoint.save_every": 1,
+                                       "train.freeze_backbone_steps": 3}) == 0
+    assert_same_weights(resumed / "step_5", out / "step_5")
+    assert losses(resumed) == losses(out)
+
+
+def test_head_lr_scales_the_head_step_and_keeps_one_param_group(toy_data, tmp_path):
+    """One optimizer step on identical copies: the head moves head_lr / lr times as far, the
+    backbone exactly as far, and the optimizer keeps one parameter group (NeMo-RL builds one)."""
+    import copy
+
+    import numpy as np
+    from accelerate import Accelerator
+
+    from critic_pretrain.config import load_config
+    from critic_pretrain.data import RolloutStore, collate_packed, prepare_store
+    from critic_pretrain.model import build_value_model
+    from critic_pretrain.optim import build_optimizer, build_scheduler
+    from critic_pretrain.train import train_step
+    store: RolloutStore = prepare_store([str(toy_data)], tmp_path / "cache", load_config(
+        None, tiny_overrides(tmp_path, toy_data)).data, load_config(None, tiny_overrides(tmp_path, toy_data)).targets)
+    batch = collate_packed(store, np.arange(8), 256)
+    model = build_value_model(load_config(None, tiny_overrides(tmp_path, toy_data)).model)
+    moved = {}
+    for name, head_lr in (("base", None), ("fast", 6e-3)):  # tiny_overrides: lr 3e-3
+        cfg = load_config(None, tiny_overrides(tmp_path, toy_data, **{"optim.warmup_steps": 0}))
+        cfg.optim.head_lr = head_lr
+        m = copy.deepcopy(model)
+        before = {k: v.detach().clone() for k, v in m.named_parameters()}
+        opt = build_optimizer(m, cfg.optim, torch.device("cpu"))
+        train_step(m, opt, build_scheduler(opt, cfg.optim, 10), [batch], Accelerator(cpu=True), cfg)
+        moved[name] = {k: v.detach() - before[k] for k, v in m.named_parameters()}
+        assert len(opt.param_groups) == 1
+    for k, base in moved["base"].items():
+        if k.startswith("score."):
+            torch.testing.assert_close(moved["fast"][k], 2 * base, rtol=1e-5, atol=1e-9)
+            assert base.abs().max() > 0
+        else:
+            torch.testing.assert_close(moved["fast"][k], base, rtol=0, atol=0)
