@@ -136,13 +136,13 @@ class StepPaths:
 
     # readers (None when the file is missing or unreadable)
     def read_manifest(self) -> dict | None:
-        return _read_json(self.manifest)
+        return fileio.read_json(self.manifest)
 
     def read_training_info(self) -> dict | None:
-        return _read_json(self.training_info)
+        return fileio.read_json(self.training_info)
 
     def read_resume_state(self) -> dict | None:
-        return _read_json(self.resume_state)
+        return fileio.read_json(self.resume_state)
 
     def read_config(self) -> dict | None:
         """config.yaml as a plain mapping (``config.load_config`` builds the typed one)."""
@@ -154,12 +154,6 @@ class StepPaths:
         return doc if isinstance(doc, dict) else None
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 # ---------------------------------------------------------------------------------------------

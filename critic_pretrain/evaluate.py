@@ -338,12 +338,13 @@ def checkpoint_model_config(step_dir: Path, cfg, trust_remote_code: bool = False
     return model_cfg, build_config(model_cfg)
 
 
-def load_checkpoint_model(step_dir: Path, cfg, device: torch.device, trust_remote_code: bool = False,
-                          ) -> torch.nn.Module:
-    """The value model of ``step_dir``, weights loaded strictly (see ``checkpoint_model_config``)."""
+def load_checkpoint_model(step_dir: Path, cfg, device: torch.device, trust_remote_code: bool = False, *,
+                          configs=None) -> torch.nn.Module:
+    """The value model of ``step_dir``, weights loaded strictly. ``configs``: what
+    ``checkpoint_model_config`` returned, when the caller already has it."""
     from .model import build_value_model
 
-    model_cfg, hf_config = checkpoint_model_config(step_dir, cfg, trust_remote_code)
+    model_cfg, hf_config = configs or checkpoint_model_config(step_dir, cfg, trust_remote_code)
     model = build_value_model(model_cfg, init_head=False, config=hf_config)
     ckpt.load_weights(model, step_dir)
     return model.to(device).eval()
@@ -392,7 +393,8 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     step_dir = checked_step_dir(str(step_dir))
     cfg = load_config(ckpt.StepPaths(step_dir).config_yaml)
     dev = resolve_device(device)
-    hf_config = checkpoint_model_config(step_dir, cfg, trust_remote_code)[1]
+    configs = checkpoint_model_config(step_dir, cfg, trust_remote_code)
+    hf_config = configs[1]
     model_limit, vocab_size = position_limit(hf_config), hf_config.vocab_size
     max_length = max_length_of(cfg.data, model_limit)  # as in training
     batch_tokens = batch_tokens or cfg.data.max_tokens
@@ -413,7 +415,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
             if len(indices) == 0:
                 raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "
                                 "pass --rollouts PATH to evaluate on other rollouts")
-        model = load_checkpoint_model(step_dir, cfg, dev, trust_remote_code)
+        model = load_checkpoint_model(step_dir, cfg, dev, configs=configs)
         with _autocast(dev, cfg.train.mixed_precision):
             result = evaluate_detailed(model, store, indices, max_tokens=batch_tokens, max_length=max_length,
                                        layout=Layout(1, 0, 1), device=dev, token_cap=token_cap, prefix="eval")

@@ -24,7 +24,7 @@ from rollouts import fileio
 
 from . import attention
 from .config import ModelConfig
-from .errors import UserError, did_you_mean
+from .errors import UserError, did_you_mean, first_line
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
         try:
             config = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
         except (OSError, ValueError) as e:
-            raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot read its config ({_first_line(e)}); "
+            raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot read its config ({first_line(e)}); "
                             "pass a local model folder or a hub id that is in the local cache") from None
         overrides.pop("model_type", None)
         check_config_keys(type(config)(), overrides)
@@ -44,7 +44,7 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
             try:
                 setattr(config, k, v)
             except CONFIG_ERRORS as e:
-                raise UserError(f"model.config.{k}={v!r}: transformers refuses it ({_first_line(e)}); "
+                raise UserError(f"model.config.{k}={v!r}: transformers refuses it ({first_line(e)}); "
                                 "drop or fix that override") from e
     else:
         overrides = dict(overrides)
@@ -53,9 +53,9 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
             check_config_keys(AutoConfig.for_model(model_type), overrides)
             config = AutoConfig.for_model(model_type, **overrides)
         except ValueError as e:
-            raise UserError(f"model.config: {_first_line(e)}; use a transformers model_type such as qwen2 or llama") from None
+            raise UserError(f"model.config: {first_line(e)}; use a transformers model_type such as qwen2 or llama") from None
         except CONFIG_ERRORS as e:
-            raise UserError(f"model.config: transformers refuses this {model_type!r} config ({_first_line(e)}); "
+            raise UserError(f"model.config: transformers refuses this {model_type!r} config ({first_line(e)}); "
                             "fix that field, or start from a real model's config.json") from e
     config.num_labels = 1
     config.id2label, config.label2id = {0: "LABEL_0"}, {"LABEL_0": 0}
@@ -109,7 +109,7 @@ def check_config(config: PretrainedConfig, where: str, remote_code: bool = False
                 probe = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING[type(config)](copy.deepcopy(config))
         except CONFIG_ERRORS as e:  # transformers' own config checks
             raise UserError(f"{where}: transformers cannot build {config.model_type!r} from this config "
-                            f"({_first_line(e)}); fix that field, or start from a real model's config.json") from e
+                            f"({first_line(e)}); fix that field, or start from a real model's config.json") from e
         head = getattr(probe, "score", None)
         if not isinstance(head, nn.Linear):
             raise UserError(f"{where}: {type(probe).__name__} names its head differently from 'score' (the name "
@@ -171,7 +171,7 @@ def build_value_model(cfg: ModelConfig, *, init_head: bool = True, config: Pretr
             model, info = AutoModelForTokenClassification.from_pretrained(
                 cfg.name_or_path, output_loading_info=True, **kwargs)
         except (OSError, ValueError, AssertionError) as e:
-            raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot load weights ({_first_line(e)})") from e
+            raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot load weights ({first_line(e)})") from e
         missing = set(info.get("missing_keys", ()))
         backbone_missing = sorted(k for k in missing if not k.startswith("score."))
         if backbone_missing:
@@ -192,7 +192,7 @@ def build_value_model(cfg: ModelConfig, *, init_head: bool = True, config: Pretr
                                                                trust_remote_code=cfg.trust_remote_code)
         except CONFIG_ERRORS as e:  # transformers' own config checks
             raise UserError(f"model.config: transformers cannot build {config.model_type!r} from it "
-                            f"({_first_line(e)}); fix that field, or start from a real model's config.json") from e
+                            f"({first_line(e)}); fix that field, or start from a real model's config.json") from e
     _set_head_bias(model, cfg.head_bias)
     if init_head:
         init_value_head(model, cfg.head_init, cfg.head_std)
@@ -232,7 +232,7 @@ def check_packing(model: PreTrainedModel) -> None:
                 try:
                     diff = float((token_values(model, ids, pos, seq_lens=seq_lens)[0] - truth).abs().max())
                 except Exception as e:  # e.g. a linear-attention layer that refuses packed rows
-                    found.append(f"{mode}: {_first_line(e)}")
+                    found.append(f"{mode}: {first_line(e)}")
                     continue
                 if diff <= tol:
                     break
@@ -359,13 +359,6 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
     return {"total": total, "trainable": trainable, "matmul": total - emb}
 
 
-def _first_line(e: BaseException) -> str:
-    """The message of ``e`` on one line (a heading ending in ':' keeps its first detail)."""
-    text = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if not text:
-        return type(e).__name__
-    line = f"{text[0]} {text[1]}" if text[0].endswith(":") and len(text) > 1 else text[0]
-    return line[:240]
 
 
 def write_value_config(config: PretrainedConfig, path: str | Path, architecture: str | None = None) -> None:

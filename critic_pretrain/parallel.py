@@ -25,10 +25,14 @@ def fsdp2_requested() -> bool:
     return os.environ.get(FSDP_ENV, "false").lower() == "true" and os.environ.get(VERSION_ENV, "1") == "2"
 
 
+def accelerate_shards(accelerator) -> bool:
+    """accelerate itself wrapped the model with FSDP (GPU workers)."""
+    return str(accelerator.distributed_type).split(".")[-1] == "FSDP"
+
+
 def needs_own_fsdp2(accelerator) -> bool:
     """FSDP2 was asked for, several ranks run, and accelerate did not shard (CPU workers)."""
-    return (fsdp2_requested() and accelerator.num_processes > 1
-            and str(accelerator.distributed_type).split(".")[-1] != "FSDP")
+    return fsdp2_requested() and accelerator.num_processes > 1 and not accelerate_shards(accelerator)
 
 
 def shard_fsdp2(model: torch.nn.Module) -> int:
@@ -63,8 +67,7 @@ def describe(accelerator, model) -> str:
     if is_fsdp(model):
         from torch.distributed.fsdp import FSDPModule
         units = sum(isinstance(m, FSDPModule) for m in model.modules())
-        by = "accelerate" if str(accelerator.distributed_type).split(".")[-1] == "FSDP" else \
-            "critic-pretrain (accelerate does not shard CPU workers)"
+        by = "accelerate" if accelerate_shards(accelerator) else "critic-pretrain (accelerate does not shard CPU workers)"
         return (f"FSDP2 over {world} ranks, {units} fully_shard units applied by {by}: parameters, gradients and "
                 f"AdamW state sharded; {backend}")
     if world > 1:

@@ -34,12 +34,11 @@ from critic_pretrain import faults, parallel
 from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
 from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
                                   source_files, step_batches, to_device)
-from critic_pretrain.errors import UserError
+from critic_pretrain.errors import UserError, first_line
 from critic_pretrain.evaluate import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, summarize, value_sums
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
-                                   position_limit,
-                                   set_head_bias_value, token_values)
+                                   position_limit, set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
 from rollouts import fileio
 
@@ -340,9 +339,9 @@ def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: La
     raw = accelerator.unwrap_model(model)
     try:
         ckpt.load_weights(raw, step_dir, is_main=accelerator.is_main_process,
-                          distributed="FSDP" in str(accelerator.distributed_type))
+                          distributed=parallel.accelerate_shards(accelerator))
     except RuntimeError as e:  # missing/unexpected keys or shapes: the model is not the one trained there
-        raise UserError(f"{step_dir}: its weights do not fit this model ({str(e).strip().splitlines()[0][:200]}); "
+        raise UserError(f"{step_dir}: its weights do not fit this model ({first_line(e, 200)}); "
                         "the backbone changed under the same settings? Use a new output_dir") from None
     if not ckpt.StepPaths(step_dir).optim_dir.is_dir():
         raise UserError(f"{step_dir} has no value/optimizer (saved with checkpoint.save_optimizer=false), so it "
@@ -379,16 +378,17 @@ def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerat
             sq_err = mb["weights"] * (values - mb["targets"]).square()                                  # [1, N]
             accelerator.backward(sq_err.sum() * scale)
         sums += value_sums(values, mb["targets"], mb["weights"])
-    head = [p for name, p in model.named_parameters() if is_head(name)]
-    if scheduler.last_epoch < cfg.train.freeze_backbone_steps:  # head-only warm-up: AdamW skips grad-less params
-        keep = {id(p) for p in head}
-        for p in model.parameters():
-            if id(p) not in keep:
+    frozen = scheduler.last_epoch < cfg.train.freeze_backbone_steps
+    head_lr_ratio = cfg.optim.head_lr / cfg.optim.lr if cfg.optim.head_lr is not None else 1.0
+    if frozen:  # head-only warm-up: AdamW skips parameters without a gradient
+        for name, p in model.named_parameters():
+            if not is_head(name):
                 p.grad = None
     clip = cfg.train.grad_clip if cfg.train.grad_clip is not None else math.inf
-    grad_norm = accelerator.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], clip)
-    head_lr_ratio = cfg.optim.head_lr / cfg.optim.lr if cfg.optim.head_lr is not None else 1.0
-    before = [p.detach().clone() for p in head] if head_lr_ratio != 1.0 else []
+    params = [p for p in model.parameters() if p.grad is not None] if frozen else model.parameters()
+    grad_norm = accelerator.clip_grad_norm_(params, clip)
+    head = [p for name, p in model.named_parameters() if is_head(name)] if head_lr_ratio != 1.0 else []
+    before = [p.detach().clone() for p in head]
     optimizer.step()
     with torch.no_grad():  # AdamW's step is linear in lr: scaling the head's step is a head lr, one param group
         for p, old in zip(head, before):
@@ -543,7 +543,7 @@ def save(run: Run, step: int) -> None:
             raise
         prev = sorted(ckpt.find_checkpoints(run.out))
         raise UserError(f"saving {run.out / f'step_{step}'} failed on another rank (see its error; here: "
-                        f"{str(e).strip().splitlines()[0][:120]}); "
+                        f"{first_line(e, 120)}); "
                         + (f"step_{prev[-1]} is intact" if prev else "no earlier checkpoint exists")
                         + "; re-run the same command to resume") from None
     if run.accelerator.is_main_process:

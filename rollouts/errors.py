@@ -22,6 +22,16 @@ class UserError(Exception):
         self.exit_code = exit_code
 
 
+def first_line(e: BaseException, limit: int = 240) -> str:
+    """The message of ``e`` on one line, for a one-line error (a heading ending in ':' keeps
+    its first detail)."""
+    text = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not text:
+        return type(e).__name__
+    line = f"{text[0]} {text[1]}" if text[0].endswith(":") and len(text) > 1 else text[0]
+    return line[:limit]
+
+
 def closest(word: str, choices: Iterable[str]) -> str | None:
     """The choice most like ``word`` (a likely typo of it), or None."""
     close = difflib.get_close_matches(str(word), sorted({str(c) for c in choices}), n=1, cutoff=0.6)

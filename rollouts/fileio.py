@@ -42,6 +42,15 @@ def dumps(obj: Any, **kwargs) -> str:
     return json.dumps(plain(obj), allow_nan=False, **kwargs)
 
 
+def read_json(path: str | os.PathLike) -> dict | None:
+    """A JSON object from ``path``, or None when the file is missing, unreadable or not an object."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Replace ``path`` atomically with ``text`` (temporary file, fsync, rename)."""
     path = Path(path)

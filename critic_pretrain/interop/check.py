@@ -37,8 +37,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollouts import fileio
+
 from .. import checkpoint as ckpt
-from ..errors import UserError, closest
+from ..errors import UserError, closest, first_line
 from .dcp import dcp_metadata, read_dcp, scheduler_class
 from .frameworks import (BIASED_TARGETS, FRAMEWORKS, HEAD, TARGETS, _describe_head, _describe_optimizer,
                          _describe_targets, _target_std, config_lines)
@@ -155,7 +157,7 @@ def load_model_config(spec: str | Path):
     try:
         config = AutoConfig.from_pretrained(str(p))
     except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"--model-config {spec}: cannot read it as a Hugging Face config ({_first_line(e)}); "
+        raise UserError(f"--model-config {spec}: cannot read it as a Hugging Face config ({first_line(e)}); "
                         "pass the PPO model's folder or its config.json") from None
     config.num_labels = 1
     return config
@@ -289,7 +291,7 @@ def _check_strays(report: SeedReport, weights_root: Path) -> None:
 
 
 def _check_manifest(report: SeedReport, root: Path) -> dict | None:
-    manifest = _read_json(root / ckpt.MANIFEST)
+    manifest = fileio.read_json(root / ckpt.MANIFEST)
     if manifest is None:
         report.warn(f"no {ckpt.MANIFEST}: the reward transform, gamma and lambda this critic was trained with are "
                     "unknown; make sure the PPO run uses the reward scale it was trained on")
@@ -314,7 +316,7 @@ def _check_training_info(report: SeedReport, root: Path) -> None:
         report.fail("info", f"no training_info.json in {root}: NeMo-RL's checkpoint layout needs it; "
                             "copy the whole step_<n> folder or re-export it with critic-pretrain export --format nemo-rl")
         return
-    info = _read_json(path)
+    info = fileio.read_json(path)
     if info is None:
         report.fail("info", f"{path} is not valid JSON; copy it again from the run")
         return
@@ -348,7 +350,7 @@ def _read_shapes(report: SeedReport, files: list[Path]) -> dict[str, tuple[tuple
                     sl = fh.get_slice(k)
                     shapes[k] = (tuple(sl.get_shape()), str(sl.get_dtype()))
         except Exception as e:  # safetensors raises its own error types for a bad header
-            report.fail("weights", f"cannot read {f} ({_first_line(e)}): the file is truncated or not safetensors; "
+            report.fail("weights", f"cannot read {f} ({first_line(e)}): the file is truncated or not safetensors; "
                                    "copy it again or use another step")
             ok = False
     return shapes if ok else None
@@ -364,7 +366,7 @@ def _read_config(report: SeedReport, path: Path):
     try:
         config = AutoConfig.from_pretrained(str(path.parent))
     except (OSError, ValueError, KeyError) as e:
-        report.fail("keys", f"cannot read the seed's model config {path} ({_first_line(e)}); copy it again from the run")
+        report.fail("keys", f"cannot read the seed's model config {path} ({first_line(e)}); copy it again from the run")
         return None
     config.num_labels = 1
     return config
@@ -578,7 +580,7 @@ def _check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
         state = read_dcp(p.optim_dir, tensors=False)
     except Exception as e:  # DCP raises assorted errors for a broken folder
         report.fail("optimizer", f"value/optimizer/optim is not a readable torch.distributed.checkpoint "
-                                 f"({_first_line(e)}); {drop}")
+                                 f"({first_line(e)}); {drop}")
         return
     if not {"optim", "sched"} <= state.keys():
         report.fail("optimizer", f"value/optimizer/optim holds {sorted(state)} instead of {{optim, sched}}: "
@@ -650,11 +652,11 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
         report.fail("path", f"{root} is a Hugging Face folder, not a step_<n> seed: NeMo-RL's warm start needs "
                             "<step>/value/weights; export one with critic-pretrain export STEP --format nemo-rl")
         return
-    cfg_json = _read_json(root / "config.json") or {}
+    cfg_json = fileio.read_json(root / "config.json") or {}
     try:
         config = AutoConfig.from_pretrained(str(root))
     except (OSError, ValueError, KeyError) as e:
-        report.fail("keys", f"cannot read {root / 'config.json'} ({_first_line(e)}); re-export the folder")
+        report.fail("keys", f"cannot read {root / 'config.json'} ({first_line(e)}); re-export the folder")
         return
     if cfg_json.get("num_labels", len(cfg_json.get("id2label", {})) or 2) != 1:
         report.fail("head", "config.json does not say num_labels: 1 (readers default to 2 labels and build the wrong "
@@ -680,7 +682,7 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
     expected, _ = expected_layout(config, layout, bias=want_bias, head=head)
     _check_head(report, shapes, want_bias, bias_area="bias", head=head)
     _check_layout(report, shapes, expected, config, source)
-    manifest = _read_json(root / EXPORT_MANIFEST)
+    manifest = fileio.read_json(root / EXPORT_MANIFEST)
     if manifest:
         report.facts["step"] = manifest.get("step")
         report.facts["targets"] = manifest.get("targets")
@@ -692,21 +694,6 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
     if finite:
         _check_finite(report, files, root)
     report.facts["tokenizer"] = any((root / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
-
-
-# ---------------------------------------------------------------------------------------------
-# Small helpers
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
 
 
 # ---------------------------------------------------------------------------------------------

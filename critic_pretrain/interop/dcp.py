@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
+from rollouts.errors import first_line
+
 
 class UntrustedContent(Exception):
     """A checkpoint file asks for something outside the allow-list (nothing was executed)."""
@@ -93,7 +95,7 @@ def _safe_planner():
             try:
                 obj = torch.load(value, weights_only=True)
             except pickle.UnpicklingError as e:
-                raise UntrustedContent(f"a non-tensor entry is not plain data ({_first_line(e)})") from None
+                raise UntrustedContent(f"a non-tensor entry is not plain data ({first_line(e)})") from None
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
@@ -123,9 +125,6 @@ def dcp_load(state: dict, path: Path) -> None:
 
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
 
 
 @contextlib.contextmanager
