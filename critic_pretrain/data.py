@@ -40,18 +40,23 @@ from rollouts.errors import Quarantine
 from rollouts.paths import file_fingerprint, resolve
 
 from .config import DataConfig, SourceConfig, TargetsConfig
-from .targets import RewardTransform, build_targets
+from .targets import RewardTransform, compute_returns, token_level_rewards
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT = 2
+STORE_FORMAT = 3
 STORE_FILE = "rollouts.arrow"
 STORE_META = "meta.json"
-# Columns of the store. `returns` are the value targets; `weight` = sample_weight.
+# Columns of the store. `returns` are the value targets; `rewards` the transformed per-token
+# rewards they were built from (outcome placed on the last policy token), `outcome` the
+# rollout's discounted return from its first policy token (what GRPO's group baseline
+# compares); `weight` = sample_weight; `oracle_values` are in target units (transformed).
 STORE_SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
     ("loss_mask", pa.list_(pa.int8())),
     ("returns", pa.list_(pa.float32())),
+    ("rewards", pa.list_(pa.float32())),
+    ("outcome", pa.float32()),
     ("weight", pa.float32()),
     ("split_key", pa.string()),
     ("oracle_values", pa.list_(pa.float32())),
@@ -328,12 +333,18 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
         from .errors import UserError
         raise UserError(f"{path}: targets.values_from=data but the rollouts have no 'values' column; "
                         "use rollouts with the collecting critic's values, or targets.lam=1.0")
-    ret = build_targets(reward, token_rewards, mask, gamma=targets.gamma, lam=targets.lam,
-                        transform=transform, values=values)                             # [B, T]
+    rewards = token_level_rewards(reward, token_rewards, mask, transform)              # [B, T]
+    ret = compute_returns(rewards, mask, gamma=targets.gamma, lam=targets.lam, values=values)  # [B, T]
+    mc = ret if targets.lam == 1.0 and values is None else compute_returns(rewards, mask, gamma=targets.gamma,
+                                                                          lam=1.0)
     valid = mask.bool()
+    outcome = mc.gather(1, valid.long().argmax(1, keepdim=True))[:, 0]                 # [B] at 1st policy token
     sums = np.array([float(ret[valid].sum()), float(ret[valid].square().sum()), float(valid.sum())])
-    ret_flat = ret[torch.arange(ret.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]]
+    in_row = torch.arange(ret.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]  # [B, T]
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+    def as_list(x: torch.Tensor) -> pa.ListArray:
+        return pa.ListArray.from_arrays(offsets, pa.array(x[in_row].numpy(), pa.float32()))
     weight = (pc.fill_null(batch.column("sample_weight"), 1.0).cast(pa.float32()) if "sample_weight" in names
               else pa.array(np.ones(n, np.float32)))
     key_src = ("group_id" if "group_id" in names and batch.column("group_id").null_count == 0 else
@@ -341,15 +352,43 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
     keys = (batch.column(key_src).cast(pa.string()) if key_src else
             pa.array([f"{path}:{r}" for r in rows], pa.string()))
     null_list = pa.nulls(n, pa.list_(pa.float32()))
+    oracle = _optional_padded(batch, "oracle_values", lengths)
     cols = {
         "input_ids": ids, "loss_mask": batch.column("loss_mask"),
-        "returns": pa.ListArray.from_arrays(offsets, pa.array(ret_flat.numpy(), pa.float32())),
+        "returns": as_list(ret), "rewards": as_list(rewards), "outcome": pa.array(outcome.numpy(), pa.float32()),
         "weight": weight, "split_key": keys,
-        "oracle_values": batch.column("oracle_values") if "oracle_values" in names else null_list,
+        "oracle_values": null_list if oracle is None else _oracle_in_target_units(
+            batch.column("oracle_values"), oracle, valid, transform, as_list),
         "values": batch.column("values") if "values" in names else null_list,
         "source": pa.array(np.full(n, source, np.int16)),
     }
     return pa.RecordBatch.from_arrays([cols[f.name] for f in STORE_SCHEMA], schema=STORE_SCHEMA), sums
+
+
+def _oracle_in_target_units(column: pa.Array, oracle: torch.Tensor, valid: torch.Tensor,
+                            transform: RewardTransform, as_list) -> pa.Array:
+    """The true values mapped like the rewards: ``scale * V + shift`` up to the outcome's
+    position (the value still contains the outcome there), ``scale * V`` after it. A clipped
+    outcome has no such map, so the oracle is dropped (metrics against it would be wrong)."""
+    if transform.clip_min is not None or transform.clip_max is not None:
+        _warn_once("targets.reward_clip is set: oracle_values cannot be mapped to clipped reward units; "
+                   "oracle metrics are left out")
+        return pa.nulls(len(column), pa.list_(pa.float32()))
+    if transform.scale == 1.0 and transform.shift == 0.0:
+        return column.cast(pa.list_(pa.float32()))
+    positions = torch.arange(1, valid.shape[1] + 1)
+    before_outcome = positions[None, :] <= (valid * positions).amax(1, keepdim=True)  # [B, T]
+    mapped = as_list(oracle * transform.scale + transform.shift * before_outcome)
+    return pc.if_else(column.is_null(), pa.nulls(len(column), mapped.type), mapped)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        log.warning(msg)
 
 
 def _optional_padded(batch: pa.RecordBatch, name: str, lengths: np.ndarray) -> torch.Tensor | None:
@@ -476,8 +515,9 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
 
     Returns ``input_ids``/``position_ids`` [1, N] int64, ``targets`` [1, N] f32,
     ``weights`` [1, N] f32 (loss_mask * sample_weight, 0 elsewhere), ``seq_lens`` [k] int32,
-    ``valid_tokens`` (python int: tokens with weight > 0) and, with ``extra``,
-    ``oracle`` / ``old_values`` [1, N] (NaN where unknown) for evaluation.
+    ``valid_tokens`` (python int: tokens with weight > 0) and, with ``extra``, for
+    evaluation: ``rewards`` [1, N] (transformed, placed), ``outcome`` [k] (each rollout's
+    return) and ``oracle`` / ``old_values`` [1, N] (NaN where unknown).
     """
     t = store.table.take(pa.array(rows))
     if int(store.lengths[rows].max()) > max_length:
@@ -505,6 +545,8 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
         "num_rows": len(rows),
     }
     if extra:
+        batch["rewards"] = torch.from_numpy(flat("rewards", np.float32))[None]
+        batch["outcome"] = torch.from_numpy(t.column("outcome").to_numpy(zero_copy_only=False).astype(np.float32))
         for key, name in (("oracle", "oracle_values"), ("old_values", "values")):
             col = t.column(name)
             if col.null_count == len(col):

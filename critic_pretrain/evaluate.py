@@ -50,6 +50,7 @@ import torch
 
 from rollouts import fileio
 
+from . import advantage
 from . import checkpoint as ckpt
 from .data import Layout, RolloutStore, loader, pack, to_device
 from .errors import UserError
@@ -63,6 +64,8 @@ TURN_BUCKETS = ("1", "2", "3", "4plus")
 CALIBRATION_GRID = 512
 """Fine cells of the prediction histogram between the grid's edges (plus 2 overflow cells)."""
 CALIBRATION_GROUPS = 10
+COLD_EVERY = 10
+"""``critic-pretrain eval`` scores the step-0 model on every 10th micro-batch: about 10% more model time."""
 GRID_HALF_WIDTH_STD = 4.0
 
 # Rows of the per-group sums matrix: all tokens, position quartiles, turns, calibration cells.
@@ -176,9 +179,15 @@ class Evaluation:
     """Predicted-value deciles: lo, hi (grid edges; None = unbounded), tokens, value_mean,
     target_mean and (with oracle values) oracle_mean."""
     grid: CalibrationGrid
+    advantages: list[dict] = dataclasses.field(default_factory=list)
+    """``advantage.table``: correlation and MSE of each estimator's advantages against the true
+    one-step advantages (rollouts with ``oracle_values`` only)."""
+    turn_change: list[dict] = dataclasses.field(default_factory=list)
+    """``advantage.turn_changes``: value change across a turn vs the rollout's outcome."""
 
     def to_json(self) -> dict:
         return fileio.plain({"metrics": self.metrics, "buckets": self.buckets, "calibration": self.calibration,
+                             "advantages": self.advantages, "turn_change": self.turn_change,
                              "calibration_grid": {**dataclasses.asdict(self.grid), "method": (
                             "predictions histogrammed on a fixed grid (targets' mean +- 4 std); adjacent cells "
                             "merged into deciles of about equal token count")}})
@@ -287,10 +296,13 @@ def eval_batches(store: RolloutStore, indices: np.ndarray, max_tokens: int, max_
 def evaluate_detailed(model: torch.nn.Module, store: RolloutStore, indices: np.ndarray, *, max_tokens: int,
                       max_length: int, layout: Layout, device: torch.device,
                       reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
-                      token_cap: int | None = None, prefix: str = "val") -> Evaluation:
+                      token_cap: int | None = None, prefix: str = "val", cold_model: torch.nn.Module | None = None,
+                      cold_every: int = 1) -> Evaluation:
     """Metrics and tables over ``indices`` of ``store``; micro-batches go round-robin to ranks.
 
     ``reduce`` sums a tensor over ranks (``accelerator.reduce(t, "sum")``); it is called once.
+    ``cold_model``: the step-0 model, scored as the ``cold`` advantage estimator on every
+    ``cold_every``-th micro-batch (length-sorted, so the sample covers all lengths).
     """
     was_training = model.training
     model.eval()
@@ -302,15 +314,33 @@ def evaluate_detailed(model: torch.nn.Module, store: RolloutStore, indices: np.n
     # buffers in forward): ranks with fewer batches repeat one and discard its sums.
     real = len(mine)
     mine += batches[:1] * (-(-len(batches) // layout.world) - real)
+    groups = advantage.GroupStats.of(store, np.concatenate(batches) if batches else np.zeros(0, np.int64))
+    gamma = float(store.meta["targets"]["gamma"])
     sums = torch.zeros(2, n_groups(grid.cells), N_SUMS, dtype=torch.float64, device=device)
-    for i, mb in enumerate(loader(store, mine, max_length, extra=True)):
+    pair = torch.zeros(advantage.N_ROWS, N_SUMS, dtype=torch.float64, device=device)
+    ev = torch.zeros(advantage.N_EV, N_SUMS, dtype=torch.float64, device=device)
+    for i, (rows, mb) in enumerate(zip(mine, loader(store, mine, max_length, extra=True))):
         mb = to_device(mb, device)
         values = token_values(model, mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])
+        cold_values = None
+        if cold_model is not None and i < real and i % cold_every == 0:  # single-process `eval` only
+            cold_values = token_values(cold_model, mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])
         if i < real:
             sums += batch_sums(values, mb, edges)
+            p, e = advantage.batch_sums(values, mb, groups.tensor(rows, device), gamma, grouped=groups.grouped,
+                                        cold_values=cold_values)
+            pair += p
+            ev += e
     model.train(was_training)
-    host = reduce(sums).cpu()  # the evaluation's one collective and one host sync
-    return finish(host, grid, has_oracle=store.has_oracle, prefix=prefix)
+    flat = reduce(torch.cat([sums.flatten(), pair.flatten(), ev.flatten()])).cpu()  # the one collective + sync
+    sums, pair, ev = flat.split([sums.numel(), pair.numel(), ev.numel()])
+    result = finish(sums.view(2, -1, N_SUMS), grid, has_oracle=store.has_oracle, prefix=prefix)
+    result.advantages = advantage.table(pair.view(advantage.N_ROWS, N_SUMS))
+    result.turn_change = advantage.turn_changes(pair.view(advantage.N_ROWS, N_SUMS))
+    if result.metrics:
+        result.metrics.update(advantage.metrics(pair.view(advantage.N_ROWS, N_SUMS), ev.view(advantage.N_EV, N_SUMS),
+                                                prefix))
+    return result
 
 
 def evaluate(model: torch.nn.Module, store: RolloutStore, indices: np.ndarray, *, max_tokens: int,
@@ -350,6 +380,33 @@ def load_checkpoint_model(step_dir: Path, cfg, device: torch.device, trust_remot
     return model.to(device).eval()
 
 
+def cold_critic(step_dir: Path, cfg, device: torch.device, configs, trust_remote_code: bool = False
+                ) -> tuple[torch.nn.Module | None, str]:
+    """(the run's step-0 model, how it was built) -- the critic PPO would start from without
+    pretraining: the same seed, backbone and head init as ``train.setup``. (None, why) when the
+    backbone is not available here (``model.name_or_path`` moved or is not cached)."""
+    from .model import build_value_model, set_head_bias_value
+
+    model_cfg, hf_config = configs
+    if cfg.model.name_or_path:
+        model_cfg = dataclasses.replace(cfg.model, trust_remote_code=trust_remote_code)
+    # Training seeds torch (accelerate's set_seed) right before building the model; forking
+    # the RNG keeps this process's own streams untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        try:
+            model = build_value_model(model_cfg, init_head=True, config=hf_config)
+        except UserError as e:
+            return None, f"unavailable: {e}"
+    how = f"seed {cfg.seed}, {'weights of ' + cfg.model.name_or_path if cfg.model.name_or_path else 'random init'}"
+    manifest = ckpt.StepPaths(step_dir).read_manifest() or {}
+    mean_target = manifest.get("data", {}).get("stats", {}).get("mean_target")
+    if cfg.model.bias_init == "mean_target" and cfg.model.init_from == "backbone" and mean_target is not None:
+        set_head_bias_value(model, mean_target)
+        how += f", head bias {mean_target:.4g} (the training data's mean target)"
+    return model.to(device).eval(), how
+
+
 def checked_step_dir(path: str) -> Path:
     """``path`` as a complete ``step_<n>`` checkpoint folder, or a one-line UserError."""
 
@@ -377,14 +434,16 @@ def default_out(step_dir: Path, rollouts: list[str] | None) -> Path:
 
 def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None, *, token_cap: int | None = None,
                         batch_tokens: int | None = None, cache_dir: str | Path | None = None,
-                        device: str | torch.device | None = None, trust_remote_code: bool = False) -> dict:
+                        device: str | torch.device | None = None, trust_remote_code: bool = False,
+                        cold_every: int = COLD_EVERY) -> dict:
     """Evaluate checkpoint ``step_dir`` and return the JSON-ready report.
 
     Targets are built with the checkpoint's own ``config.yaml`` (gamma, lambda, reward
     transform, values_from), so they match what the critic was trained on. ``rollouts``:
     any rollout specs; None evaluates the run's own validation split (its ``data_cache``
     is reused when still valid). ``cache_dir``: where other rollouts are prepared (default:
-    a temporary folder, removed afterwards).
+    a temporary folder, removed afterwards). ``cold_every``: score the step-0 model (``cold``
+    advantage estimator) on every n-th micro-batch; 0 skips it.
     """
     from .config import load_config
     from .data import build_train_data, max_length_of, prepare_store
@@ -416,9 +475,13 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
                 raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "
                                 "pass --rollouts PATH to evaluate on other rollouts")
         model = load_checkpoint_model(step_dir, cfg, dev, configs=configs)
+        cold, cold_how = None, "off (--cold-every 0)"
+        if cold_every and store.has_oracle:
+            cold, cold_how = cold_critic(step_dir, cfg, dev, configs, trust_remote_code)
         with _autocast(dev, cfg.train.mixed_precision):
             result = evaluate_detailed(model, store, indices, max_tokens=batch_tokens, max_length=max_length,
-                                       layout=Layout(1, 0, 1), device=dev, token_cap=token_cap, prefix="eval")
+                                       layout=Layout(1, 0, 1), device=dev, token_cap=token_cap, prefix="eval",
+                                       cold_model=cold, cold_every=cold_every or 1)
         data_summary = _data_summary(store, indices, rollouts, split, max_length)
     info = ckpt.StepPaths(step_dir).read_training_info() or {}
     return {
@@ -426,6 +489,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
                        "targets": dataclasses.asdict(cfg.targets)},
         "data": data_summary,
         **result.to_json(),
+        "cold_critic": {"built": cold_how, "every": cold_every} if store.has_oracle else None,
         "device": str(dev), "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -476,6 +540,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, metavar="N", help="evaluate at most about N tokens (default: all)")
     p.add_argument("--batch-tokens", type=int, metavar="N", help="tokens per micro-batch (default: the run's "
                    "data.max_tokens)")
+    p.add_argument("--cold-every", type=int, default=COLD_EVERY, metavar="N",
+                   help="score the run's step-0 model (the 'cold' advantage estimator, rollouts with oracle_values "
+                        f"only) on every N-th micro-batch (default {COLD_EVERY}: about 1/{COLD_EVERY} more model "
+                        "time); 1: all of them, 0: off")
     p.add_argument("--cache-dir", metavar="DIR", help="where --rollouts are prepared (default: a temporary folder)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -489,15 +557,18 @@ def main(argv: list[str] | None = None) -> int:
     for n, flag in ((args.max_tokens, "--max-tokens"), (args.batch_tokens, "--batch-tokens")):
         if n is not None and n <= 0:
             raise UserError(f"{flag} {n} must be > 0")
+    if args.cold_every < 0:
+        raise UserError(f"--cold-every {args.cold_every} must be >= 0 (0: off)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     out = Path(args.out) if args.out else default_out(Path(args.step_dir), args.rollouts)
     report = evaluate_checkpoint(args.step_dir, args.rollouts, token_cap=args.max_tokens,
                                  batch_tokens=args.batch_tokens, cache_dir=args.cache_dir, device=args.device,
-                                 trust_remote_code=args.trust_remote_code)
+                                 trust_remote_code=args.trust_remote_code, cold_every=args.cold_every)
     write_json(report, out)
     m = report["metrics"]
     print("  ".join(f"{k.split('/', 1)[1]}={v:.4g}" for k, v in m.items()
-                    if v is not None and "_pos_" not in k and "_turn_" not in k))
+                    if v is not None and "_pos_" not in k and "_turn_" not in k and "adv_corr" not in k))
+    print(advantage.summary_text(report, 'eval'))
     print(f"wrote {out}")
     return 0
 

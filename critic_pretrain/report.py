@@ -5,7 +5,9 @@ Writes into ``--out`` (default ``<first run>/report``):
 - ``loss.png`` (train and validation value loss, oracle loss when known),
   ``explained_variance.png``, ``lr.png``, ``grad_norm.png``, ``tokens_per_s.png``,
   ``buckets.png`` (validation loss by position quartile and policy turn, first vs last
-  evaluation) and ``calibration.png``; several runs are overlaid, one colour per run;
+  evaluation), ``calibration.png`` and, with oracle values, ``advantage.png`` (advantage
+  quality over training); several runs are overlaid, one colour per run. The EV plot draws
+  the true values' EV (the ceiling) and the group mean's EV as levels when known;
 - ``report.md``: per run the best step by validation loss and by explained variance, the
   final metrics, where it plateaued (``plateau_step``), an over-training warning and the
   checkpoint to pick; the same text is printed.
@@ -235,6 +237,10 @@ def summary_markdown(summaries: list[RunSummary]) -> str:
             lines.append(f"- Calibration of {Path(s.calibration['checkpoint']['path']).name} on "
                          f"{s.calibration['data']['split']}: mean |target - prediction| over prediction deciles "
                          f"{_fmt(m.get('eval/calibration_error'))}{oracle}.")
+            from .advantage import summary_markdown as advantage_markdown  # torch: only with an eval
+            adv = advantage_markdown(s.calibration, "eval")
+            if adv:
+                lines += ["", f"### Advantages of {Path(s.calibration['checkpoint']['path']).name}", "", *adv]
     return "\n".join(lines) + "\n"
 
 
@@ -314,9 +320,30 @@ def fig_explained_variance(runs: list[RunData]):
                             ("val/oracle_explained_variance", "validation vs oracle", {"marker": "s", "style": "--"})],
                      "Explained variance (1 = perfect, 0 = predicts the mean)", "explained variance")
     ax = fig.axes[0]
+    for i, run in enumerate(runs):  # reference levels from the newest evaluation that has them
+        for key, what, style in (("val/ev_oracle_values", "true values (ceiling)", ":"),
+                                 ("val/ev_group_mean", "group mean return", "-.")):
+            steps, values = run.series(key)
+            if len(steps):
+                ax.axhline(values[-1], color=_color(i), linestyle=style, linewidth=1.0,
+                           label=_label(runs, run, f"{what}: {values[-1]:.3f}"))
+                ax.legend(fontsize=8)
     lo, hi = ax.get_ylim()
     ax.set_ylim(max(lo, -1.0), min(max(hi, 0.1), 1.0))  # early negative EVs would flatten the curve
     ax.axhline(0.0, color="k", linewidth=0.6)
+    return fig
+
+
+def fig_advantage(runs: list[RunData]):
+    """Correlation of the critic's GAE advantages with the true ones at turn-first tokens, per
+    lambda, against the group-mean-as-value control (rollouts with oracle values only)."""
+    fig = fig_metric(runs, [("val/adv_corr_first_lam0.95", "critic, lam 0.95", {"marker": "o"}),
+                            ("val/adv_corr_first_lam0", "critic, lam 0 (TD residual)", {"marker": "s", "style": "--"}),
+                            ("val/adv_corr_first_lam0.95_group_mean", "group mean as value, lam 0.95",
+                             {"style": ":"}),
+                            ("val/adv_corr_first_grpo", "GRPO group baseline", {"style": "-."})],
+                     "Advantage quality at turn-first tokens (corr. with the true advantages)", "correlation")
+    fig.axes[0].axhline(0.0, color="k", linewidth=0.6)
     return fig
 
 
@@ -411,7 +438,9 @@ def run_calibration(run_dir: str | os.PathLike, step: int | None = None, *, comp
     step_dir = found.get(step, found[max(found)])
     cache = default_out(step_dir, None)
     if cache.is_file() and cache.stat().st_mtime >= (step_dir / "critic_pretrain.json").stat().st_mtime:
-        return json.loads(cache.read_text())
+        cached = json.loads(cache.read_text())
+        if "advantages" in cached:  # older evals lack the advantage tables: evaluate again
+            return cached
     if not compute:
         return None
     result = evaluate_checkpoint(step_dir)
@@ -446,6 +475,8 @@ def figures(runs: list[RunData], calibrations: dict[str, dict | None], extra: di
 
     ``extra``: more calibration tables (legend label -> eval JSON), e.g. other rollouts."""
     out = {name: make(runs) for name, make in CURVES.items()}
+    if any(run.has("val/adv_corr_first_lam0.95") for run in runs):
+        out["advantage"] = fig_advantage(runs)
     tables = {f"{name} {Path(ev['checkpoint']['path']).name}": ev for name, ev in calibrations.items() if ev}
     tables.update(extra or {})
     if tables:

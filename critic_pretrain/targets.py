@@ -50,6 +50,7 @@ __all__ = [
     "compute_returns",
     "length_adaptive_lambda",
     "place_outcome_rewards",
+    "token_level_rewards",
 ]
 
 # Positions per chunk in the scan. Each level does a [C, C] matmul per chunk (~2*C flops per
@@ -263,6 +264,16 @@ def build_targets(
     Returns:
         ``[B, T]`` returns, zero where mask is 0.
     """
+    rewards = token_level_rewards(reward, token_rewards, mask, transform)
+    return compute_returns(rewards, mask, gamma=gamma, lam=lam, values=values)
+
+
+@torch.no_grad()
+def token_level_rewards(reward: Tensor | None, token_rewards: Tensor | None, mask: Tensor,
+                        transform: RewardTransform) -> Tensor:
+    """``[B, T]`` rewards the targets are computed from: the transformed outcome on the last
+    policy token plus the scaled per-token rewards (arguments as ``build_targets``).
+    Entries on mask-0 positions are kept as given; GAE ignores them."""
     if reward is None and token_rewards is None:
         raise ValueError("give an outcome reward, per-token rewards, or both")
     rewards = torch.zeros(mask.shape, dtype=_accumulation_dtype(reward, token_rewards), device=mask.device)
@@ -270,7 +281,7 @@ def build_targets(
         rewards = rewards + place_outcome_rewards(transform.apply_outcome(reward), mask)
     if token_rewards is not None:
         rewards = rewards + transform.apply_token(token_rewards)
-    return compute_returns(rewards, mask, gamma=gamma, lam=lam, values=values)
+    return rewards
 
 
 def _reverse_discounted_cumsum(x: Tensor, factor: Tensor, chunk: int = _CHUNK) -> Tensor:
