@@ -362,7 +362,7 @@ def summary_markdown(report: dict, prefix: str) -> list[str]:
     cells = table_cells(report.get("advantages") or [])
     if cells:
         lines += ["Advantage quality: correlation with the true one-step advantages, turn-first tokens / all "
-                  "policy tokens ([how to read it](../docs/warm.md#advantage-quality)):", "",
+                  "policy tokens (how to read it: docs/warm.md, *Advantage quality*):", "",
                   "| estimator | " + " | ".join(f"lam {lam:g}" for lam in LAMS) + " | |", "|---|---|---|---|---|"]
         lines += [f"| {e} | " + " | ".join(row + [""] * (len(LAMS) - len(row))) + f" | {note} |"
                   for e, row, note in cells]
