@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import torch
 
 from .metrics import N_SUMS, token_terms
-from .targets import compute_gae
+from .targets import PolicyRows, compute_gae
 
 LAMS = (0.0, 0.95, 1.0)
 WHERE = ("first", "all")
@@ -118,42 +118,6 @@ def pair_terms(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tenso
     w = m.to(torch.float64)
     x, y = x.to(torch.float64) * w, y.to(torch.float64) * w
     return torch.stack([w.sum(), x.sum(), y.sum(), x.square().sum(), y.square().sum(), (x * y).sum()])
-
-
-@dataclass
-class PolicyRows:
-    """The policy tokens of a packed micro-batch as left-aligned rows [k, W] (W = most policy
-    tokens in a rollout). GAE's carry-forward masking skips every other token, so working on
-    these rows is exact and touches only the policy tokens (a quarter of the synthetic data's)."""
-
-    seg: torch.Tensor
-    """[P] rollout of each policy token."""
-    rank: torch.Tensor
-    """[P] its column: index among its rollout's policy tokens."""
-    index: torch.Tensor
-    """[P] its position in the packed row."""
-    mask: torch.Tensor
-    """[k, W] bool: the column holds a policy token."""
-
-    @classmethod
-    def of(cls, batch: dict, device: torch.device) -> "PolicyRows":
-        lens = batch["seq_lens"]                                      # host [k]
-        k, n = len(lens), batch["weights"].shape[1]
-        policy = batch["weights"][0] > 0                              # [N]
-        seg = torch.repeat_interleave(torch.arange(k, device=device), lens.to(device), output_size=n)
-        counts = torch.zeros(k, dtype=torch.long, device=device).index_add_(0, seg, policy.long())
-        index = policy.nonzero().squeeze(1)                           # host sync (its size)
-        seg_p = seg[index]
-        rank = (policy.long().cumsum(0) - 1)[index] - (counts.cumsum(0) - counts)[seg_p]
-        width = int(counts.max()) if k else 0                         # host sync
-        mask = torch.arange(width, device=device)[None, :] < counts[:, None]
-        return cls(seg_p, rank, index, mask)
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Packed [1, N] (or [N]) -> [k, W] float32, zeros past each rollout's policy tokens."""
-        out = torch.zeros(self.mask.shape, dtype=torch.float32, device=self.mask.device)
-        out[self.seg, self.rank] = x.reshape(-1)[self.index].float()
-        return out
 
 
 def batch_sums(values: torch.Tensor, batch: dict, row_stats: torch.Tensor, gamma: float, *, grouped: bool,

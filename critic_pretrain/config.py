@@ -104,6 +104,11 @@ class DataConfig:
     still see the whole rollout's rewards), or leave them out. Counted either way."""
     shuffle: bool = True
     """Shuffle rollouts each epoch (deterministic from `seed` and the epoch)."""
+    recency_half_life: float | None = None
+    """Weight rollouts by policy age: a rollout `h` policy versions older than the newest in
+    the training data weighs `0.5 ** (h / recency_half_life)` in the loss and in validation
+    (rows without `policy_version` weigh as the oldest). For a critic that PPO will use on the
+    newest policy. Null: every version alike."""
     num_workers: int | None = None
     """DataLoader workers that pack and prefetch micro-batches. Default: 2 on CUDA, 0 on CPU."""
     cache_dir: str | None = None
@@ -127,10 +132,12 @@ class TargetsConfig:
     """Discount. 1.0 with `lam` 1.0 gives Monte-Carlo returns (the VC-PPO/VAPO recipe)."""
     lam: float = 1.0
     """Critic GAE lambda (decoupled from the actor's). Below 1 needs bootstrap values
-    (`values_from: data`)."""
-    values_from: Literal["none", "data"] = "none"
+    (`values_from: data` or `critic`)."""
+    values_from: Literal["none", "data", "critic"] = "none"
     """Bootstrap values for lambda < 1: `none` (zeros: Monte-Carlo), `data` (the collecting
-    critic's `values` column)."""
+    critic's `values` column), `critic` (this critic's own detached predictions, recomputed
+    every micro-batch: semi-gradient TD(lambda); validation is still against Monte-Carlo
+    returns so runs stay comparable)."""
     reward_scale: float = 1.0
     """Outcome and per-token rewards are multiplied by this (before `reward_shift`)."""
     reward_shift: float = 0.0
@@ -271,7 +278,7 @@ RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
                 "optim.warmup_steps", "optim.head_lr", "train.freeze_backbone_steps", "train.max_steps", "train.grad_clip", "data.sources",
                 "data.val_fraction", "data.max_tokens", "data.max_length", "data.overlong", "data.shuffle",
-                "data.on_bad")
+                "data.on_bad", "data.recency_half_life")
 # data.train / data.val paths are not here: the data manifest compares the files themselves.
 # train.grad_accum is not here either: what must stay is world size x grad_accum, the micro-batches
 # of one optimizer step (train.check_layout), so a run may resume on another number of ranks.
@@ -473,11 +480,14 @@ def check_values(cfg: Config) -> None:
         need(0 < cfg.data.max_length <= cfg.data.max_tokens,
              f"data.max_length={cfg.data.max_length} must be in (0, data.max_tokens={cfg.data.max_tokens}]: "
              "a rollout must fit into one micro-batch")
+    need(cfg.data.recency_half_life is None or cfg.data.recency_half_life > 0,
+         f"data.recency_half_life={cfg.data.recency_half_life} must be > 0 (policy versions), or null for no "
+         "recency weighting")
     need(0.0 < cfg.targets.gamma <= 1.0, f"targets.gamma={cfg.targets.gamma} must be in (0, 1]")
     need(0.0 <= cfg.targets.lam <= 1.0, f"targets.lam={cfg.targets.lam} must be in [0, 1]")
     need(cfg.targets.lam == 1.0 or cfg.targets.values_from != "none",
          f"targets.lam={cfg.targets.lam} < 1 needs bootstrap values; set targets.values_from=data "
-         "(the rollouts' `values` column) or targets.lam=1.0")
+         "(the rollouts' `values` column), targets.values_from=critic (its own predictions) or targets.lam=1.0")
     if cfg.targets.reward_clip is not None:
         need(len(cfg.targets.reward_clip) == 2 and cfg.targets.reward_clip[0] <= cfg.targets.reward_clip[1],
              f"targets.reward_clip={cfg.targets.reward_clip} must be [min, max] with min <= max")

@@ -44,7 +44,7 @@ from .targets import RewardTransform, compute_returns, token_level_rewards
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT = 3
+STORE_FORMAT = 4
 STORE_FILE = "rollouts.arrow"
 STORE_META = "meta.json"
 # Columns of the store. `returns` are the value targets; `rewards` the transformed per-token
@@ -62,6 +62,7 @@ STORE_SCHEMA = pa.schema([
     ("oracle_values", pa.list_(pa.float32())),
     ("values", pa.list_(pa.float32())),
     ("source", pa.int16()),
+    ("policy_version", pa.int64()),
 ])
 
 
@@ -116,9 +117,28 @@ class RolloutStore:
         self.table = pa.ipc.open_file(pa.memory_map(str(self.path / STORE_FILE))).read_all()
         self.lengths = pc.list_value_length(self.table.column("input_ids")).to_numpy().astype(np.int64)
         self.source = self.table.column("source").to_numpy().astype(np.int64)
+        if not hasattr(self, "row_scale"):
+            self.row_scale: np.ndarray | None = None
+            """[rows] float32 factor on each rollout's weight (``set_recency``), or None."""
 
     def __getstate__(self):
-        return {"path": self.path, "meta": self.meta, "stats": self.stats}
+        return {"path": self.path, "meta": self.meta, "stats": self.stats, "row_scale": self.row_scale}
+
+    def set_recency(self, half_life: float, newest: float | None = None) -> dict:
+        """Weigh each rollout ``0.5 ** (age / half_life)`` by its policy version's age behind
+        ``newest`` (default: the newest in this store); returns what was applied (for the log)."""
+        from .errors import UserError
+
+        version = pc.fill_null(self.table.column("policy_version").cast(pa.float64()), np.nan).to_numpy()
+        if np.isnan(version).all():
+            raise UserError(f"data.recency_half_life={half_life:g} needs a policy_version column in the rollouts "
+                            f"({self.path.name} data has none); add it, or set data.recency_half_life=null")
+        newest = np.nanmax(version) if newest is None else newest
+        oldest = np.nanmin(version)
+        age = np.maximum(np.where(np.isnan(version), newest - oldest, newest - version), 0.0)
+        self.row_scale = (0.5 ** (age / half_life)).astype(np.float32)
+        return {"newest": int(newest), "oldest": int(oldest), "oldest_weight": float(self.row_scale.min()),
+                "without_version": int(np.isnan(version).sum())}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -334,9 +354,10 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
         raise UserError(f"{path}: targets.values_from=data but the rollouts have no 'values' column; "
                         "use rollouts with the collecting critic's values, or targets.lam=1.0")
     rewards = token_level_rewards(reward, token_rewards, mask, transform)              # [B, T]
-    ret = compute_returns(rewards, mask, gamma=targets.gamma, lam=targets.lam, values=values)  # [B, T]
-    mc = ret if targets.lam == 1.0 and values is None else compute_returns(rewards, mask, gamma=targets.gamma,
-                                                                          lam=1.0)
+    # values_from=critic bootstraps from the critic during training; the store keeps Monte-Carlo returns.
+    lam = 1.0 if targets.values_from == "critic" else targets.lam
+    ret = compute_returns(rewards, mask, gamma=targets.gamma, lam=lam, values=values)  # [B, T]
+    mc = ret if lam == 1.0 and values is None else compute_returns(rewards, mask, gamma=targets.gamma, lam=1.0)
     valid = mask.bool()
     outcome = mc.gather(1, valid.long().argmax(1, keepdim=True))[:, 0]                 # [B] at 1st policy token
     sums = np.array([float(ret[valid].sum()), float(ret[valid].square().sum()), float(valid.sum())])
@@ -361,6 +382,8 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
             batch.column("oracle_values"), oracle, valid, transform, as_list),
         "values": batch.column("values") if "values" in names else null_list,
         "source": pa.array(np.full(n, source, np.int16)),
+        "policy_version": (batch.column("policy_version").cast(pa.int64()) if "policy_version" in names
+                           else pa.nulls(n, pa.int64())),
     }
     return pa.RecordBatch.from_arrays([cols[f.name] for f in STORE_SCHEMA], schema=STORE_SCHEMA), sums
 
@@ -533,7 +556,10 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
     n = int(lens.sum())
     starts = np.cumsum(lens) - lens
     position_ids = np.arange(n) - np.repeat(starts, lens)
-    weight = np.repeat(t.column("weight").to_numpy(zero_copy_only=False).astype(np.float32), lens)
+    row_weight = t.column("weight").to_numpy(zero_copy_only=False).astype(np.float32)
+    if store.row_scale is not None:  # data.recency_half_life
+        row_weight = row_weight * store.row_scale[rows]
+    weight = np.repeat(row_weight, lens)
     weights = flat("loss_mask", np.float32) * weight
     batch = {
         "input_ids": torch.from_numpy(flat("input_ids", np.int64))[None],
@@ -651,6 +677,15 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
         train_idx, val_idx = np.arange(len(train)), np.arange(len(val))
     else:
         train_idx, val_idx = split_by_group(train.split_keys(), data.val_fraction)
+    if data.recency_half_life:  # ages count from the newest version in the training data
+        newest = None
+        for store in {id(train): train, id(val): val}.values():
+            r = store.set_recency(data.recency_half_life, newest)
+            newest = r["newest"]
+            log.info("%s data: recency weights, policy versions %d..%d, the oldest weigh %.3g (half-life %g "
+                     "versions)%s", store.path.name, r["oldest"], r["newest"], r["oldest_weight"],
+                     data.recency_half_life, f"; {r['without_version']} rollouts without a version weigh as the "
+                     "oldest" if r["without_version"] else "")
     max_length = max_length_of(data, model_limit)
     overlong = int((train.lengths[train_idx] > max_length).sum())
     train_idx, train_len = effective_lengths(train, train_idx, max_length, data.overlong)

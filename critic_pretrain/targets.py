@@ -49,6 +49,8 @@ __all__ = [
     "compute_gae",
     "compute_returns",
     "length_adaptive_lambda",
+    "PolicyRows",
+    "bootstrapped_returns",
     "place_outcome_rewards",
     "token_level_rewards",
 ]
@@ -282,6 +284,61 @@ def token_level_rewards(reward: Tensor | None, token_rewards: Tensor | None, mas
     if token_rewards is not None:
         rewards = rewards + transform.apply_token(token_rewards)
     return rewards
+
+
+@dataclass
+class PolicyRows:
+    """The policy tokens of a packed micro-batch as left-aligned rows [k, W] (W = most policy
+    tokens in a rollout). GAE's carry-forward masking skips every other token, so working on
+    these rows is exact and touches only the policy tokens."""
+
+    seg: torch.Tensor
+    """[P] rollout of each policy token."""
+    rank: torch.Tensor
+    """[P] its column: index among its rollout's policy tokens."""
+    index: torch.Tensor
+    """[P] its position in the packed row."""
+    mask: torch.Tensor
+    """[k, W] bool: the column holds a policy token."""
+
+    @classmethod
+    def of(cls, batch: dict, device: torch.device) -> "PolicyRows":
+        lens = batch["seq_lens"]                                      # host [k]
+        k, n = len(lens), batch["weights"].shape[1]
+        policy = batch["weights"][0] > 0                              # [N]
+        seg = torch.repeat_interleave(torch.arange(k, device=device), lens.to(device), output_size=n)
+        counts = torch.zeros(k, dtype=torch.long, device=device).index_add_(0, seg, policy.long())
+        index = policy.nonzero().squeeze(1)                           # host sync (its size)
+        seg_p = seg[index]
+        rank = (policy.long().cumsum(0) - 1)[index] - (counts.cumsum(0) - counts)[seg_p]
+        width = int(counts.max()) if k else 0                         # host sync
+        mask = torch.arange(width, device=device)[None, :] < counts[:, None]
+        return cls(seg_p, rank, index, mask)
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Packed [1, N] (or [N]) -> [k, W] float32, zeros past each rollout's policy tokens."""
+        out = torch.zeros(self.mask.shape, dtype=torch.float32, device=self.mask.device)
+        out[self.seg, self.rank] = x.reshape(-1)[self.index].float()
+        return out
+
+    def packed(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """Inverse of ``rows``: [k, W] -> packed [1, N] float32, 0 off policy tokens."""
+        out = torch.zeros(n, dtype=torch.float32, device=x.device)
+        out[self.index] = x[self.seg, self.rank].float()
+        return out[None]
+
+
+@torch.no_grad()
+def bootstrapped_returns(values: Tensor, batch: dict, *, gamma: float, lam: float) -> Tensor:
+    """TD(lambda) targets of a packed micro-batch from the critic's own (detached) values:
+    GAE returns ``A_t + V_t`` with ``V`` the current predictions (``targets.values_from:
+    critic``, semi-gradient TD(lambda), as PPO's critic update bootstraps from the values of
+    the rollout's critic). ``values`` / ``batch["rewards"]``: [1, N]; returns [1, N] float32,
+    0 off policy tokens. Costs one GAE over the policy rows; no extra forward."""
+    rows = PolicyRows.of(batch, values.device)
+    returns = compute_returns(rows.rows(batch["rewards"]), rows.mask, gamma=gamma, lam=lam,
+                              values=rows.rows(values.detach()))                  # [k, W]
+    return rows.packed(returns, values.shape[1])
 
 
 def _reverse_discounted_cumsum(x: Tensor, factor: Tensor, chunk: int = _CHUNK) -> Tensor:

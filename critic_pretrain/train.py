@@ -40,6 +40,7 @@ from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, 
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
                                    position_limit, set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
+from critic_pretrain.targets import bootstrapped_returns
 from rollouts import fileio
 
 log = logging.getLogger("critic_pretrain")
@@ -375,9 +376,12 @@ def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerat
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):  # all-reduce grads once
             values = token_values(model, mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])  # [1, N]
-            sq_err = mb["weights"] * (values - mb["targets"]).square()                                  # [1, N]
+            targets = mb["targets"]
+            if cfg.targets.values_from == "critic":  # TD(lambda) from its own values (2 host syncs)
+                targets = bootstrapped_returns(values, mb, gamma=cfg.targets.gamma, lam=cfg.targets.lam)
+            sq_err = mb["weights"] * (values - targets).square()                                        # [1, N]
             accelerator.backward(sq_err.sum() * scale)
-        sums += value_sums(values, mb["targets"], mb["weights"])
+        sums += value_sums(values, targets, mb["weights"])
     frozen = scheduler.last_epoch < cfg.train.freeze_backbone_steps
     head_lr_ratio = cfg.optim.head_lr / cfg.optim.lr if cfg.optim.head_lr is not None else 1.0
     if frozen:  # head-only warm-up: AdamW skips parameters without a gradient
@@ -448,7 +452,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
         steps_in_epoch = len(plan) // layout.per_step
         mine = [mb for s in range(prog.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
         batches = loader(run.data.train, mine, run.data.max_length, num_workers=num_workers,
-                         pin_memory=torch.cuda.is_available())
+                         pin_memory=torch.cuda.is_available(), extra=cfg.targets.values_from == "critic")
         while prog.step_in_epoch < steps_in_epoch and prog.step < cfg.train.max_steps:
             micro = [to_device(next(batches), acc.device) for _ in range(layout.grad_accum)]
             sums, grad_norm = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg)

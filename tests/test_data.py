@@ -261,3 +261,31 @@ def test_rollouts_longer_than_the_model_follow_overlong(policy, toy_data, tmp_pa
     assert data.overlong == counted and data.train_len.max() <= 24
     if policy == "skip":
         assert data.train.lengths[data.train_idx].max() <= 24
+
+
+def test_recency_half_life_weights_rollouts_by_policy_age(tmp_path):
+    """data.recency_half_life: weight 0.5 ** (versions behind the newest / half-life) in every
+    packed micro-batch; rows without a version weigh as the oldest; no versions at all: an error."""
+    from conftest import toy_rows
+    from critic_pretrain.data import collate_packed
+    from critic_pretrain.errors import UserError
+    from rollouts import write_rows
+
+    rows = toy_rows(8)
+    for i, r in enumerate(rows):
+        r["policy_version"] = [3, 2, 1, 0, 3, 3, 1, None][i]
+    write_rows(tmp_path / "d", rows)
+    store = prepare_store([str(tmp_path / "d")], tmp_path / "c", DataConfig(), TargetsConfig())
+    info = store.set_recency(2.0)
+    assert (info["newest"], info["oldest"], info["without_version"]) == (3, 0, 1)
+    np.testing.assert_allclose(store.row_scale, [1, 0.5 ** 0.5, 0.5, 0.5 ** 1.5, 1, 1, 0.5, 0.5 ** 1.5], rtol=1e-6)
+    batch = collate_packed(store, np.arange(8), 4096)
+    per_row = np.split(batch["weights"][0].numpy(), np.cumsum(batch["seq_lens"].numpy())[:-1])
+    for i, w in enumerate(per_row):
+        mask = np.array(rows[i]["loss_mask"], np.float32)
+        np.testing.assert_allclose(w, mask * store.row_scale[i], rtol=1e-6)
+
+    write_rows(tmp_path / "nov", toy_rows(4))
+    plain = prepare_store([str(tmp_path / "nov")], tmp_path / "c2", DataConfig(), TargetsConfig())
+    with pytest.raises(UserError, match="needs a policy_version column"):
+        plain.set_recency(1.0)

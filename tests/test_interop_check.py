@@ -102,6 +102,15 @@ def test_reward_transform_becomes_nemo_rl_reward_scaling():
     assert "gae_gamma: 0.99" in text and "gae_lambda_value: 0.95" in text
 
 
+@pytest.mark.parametrize("target,key", [("verl", "algorithm.lam: "), ("openrlhf", "--lambd "), ("trl", "lam=")])
+def test_shared_lambda_frameworks_keep_the_actors_lambda_after_td_pretraining(target, key):
+    """verl, OpenRLHF and TRL use one lambda for actor and critic: Monte-Carlo pretraining is
+    printed as trained (1), TD(0.8) pretraining does not push 0.8 onto the actor."""
+    mc = "\n".join(config_lines(target, Path("/s"), {"targets": {"gamma": 1.0, "lam": 1.0}}))
+    td = "\n".join(config_lines(target, Path("/s"), {"targets": {"gamma": 1.0, "lam": 0.8, "values_from": "critic"}}))
+    assert f"{key}1" in mc and f"{key}<actor's lambda>" in td and "TD(0.8)" in td and f"{key}0.8" not in td
+
+
 # ---------------------------------------------------------------------------------------------
 # The path
 
@@ -330,3 +339,67 @@ def test_cli_subprocess_exit_code_and_one_line(run, tmp_path):
     assert errors(res.stderr) == [f"error: {run / 'step_9'} does not exist (did you mean {run / 'step_4'}?); pass an "
                                   "existing step_<n> folder"]
     assert "Traceback" not in res.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# --rollouts: is the critic still better than the group statistics on the current policy?
+
+@pytest.mark.parametrize("metrics,ok,words", [
+    ({"eval/adv_corr_first_lam0.95": 0.70, "eval/adv_corr_first_lam0.95_group_mean": 0.55,
+      "eval/adv_corr_first_grpo": 0.4}, True, None),
+    ({"eval/adv_corr_first_lam0.95": 0.38, "eval/adv_corr_first_lam0.95_group_mean": 0.55,
+      "eval/adv_corr_first_grpo": 0.47}, False, "correlate 0.380 with the true ones at turn-first tokens, no better "
+                                                "than the group mean return as a constant value (0.550; GRPO 0.470)"),
+    ({"eval/explained_variance": 0.40, "eval/ev_group_mean": 0.21}, True, None),
+    ({"eval/explained_variance": 0.20, "eval/ev_group_mean": 0.21}, False,
+     "explains 0.200 of the targets' variance, no more than each group's mean return does (0.210)"),
+])
+def test_quality_rule(seed, capsys, monkeypatch, metrics, ok, words):
+    import critic_pretrain.evaluate as evaluate
+
+    calls = []
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda step, rollouts, **kw: calls.append(
+        (step, rollouts)) or {"metrics": {"eval/explained_variance": 0.3, **metrics}, "data": {"rows": 64}})
+    rc, out, err = check(capsys, seed, "--rollouts", "newer/")
+    assert calls == [(seed.resolve(), ["newer/"])]
+    assert rc == (0 if ok else 1)
+    if ok:
+        assert "on the current policy (64 rollouts)" in out
+    else:
+        (line,) = errors(err)
+        assert words in line and "on 64 rollouts of newer/" in line and "retrain" in line
+
+
+def test_quality_without_a_baseline_warns(seed, capsys, monkeypatch):
+    import critic_pretrain.evaluate as evaluate
+
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **kw: {
+        "metrics": {"eval/explained_variance": 0.3}, "data": {"rows": 9}})
+    rc, _, err = check(capsys, seed, "--rollouts", "x/")
+    assert rc == 0 and "no baseline to compare the critic with (its explained variance: 0.300)" in err
+
+
+def test_quality_on_fresh_rollouts_of_a_shifted_policy(tmp_path, capsys):
+    """A real check: a tiny critic trained on the synthetic environment, checked on rollouts of
+    a policy with the good-action probabilities reversed; the verdict and the numbers are the
+    `eval` numbers on those rollouts."""
+    import pyarrow.parquet as pq
+
+    from conftest import TINY_MODEL, train_main
+    from critic_pretrain.evaluate import evaluate_checkpoint
+    from rollouts import synth
+
+    env = dict(group_size=4, max_length=256, median_length=48)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    pq.write_table(synth.generate(96, seed=1, **env), tmp_path / "a" / "part-0.parquet")
+    pq.write_table(synth.generate(48, seed=2, p_good_easy=0.2, p_good_hard=0.9, **env), tmp_path / "b" / "p.parquet")
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, tmp_path / "a", **{
+        "model.config": json.dumps({**TINY_MODEL, "vocab_size": synth.VOCAB_SIZE}), "train.max_steps": 4,
+        "data.max_tokens": 1024})) == 0
+    rc, out_text, err = check(capsys, out / "step_4", "--rollouts", tmp_path / "b")
+    m = evaluate_checkpoint(out / "step_4", [str(tmp_path / "b")], cold_every=0)["metrics"]
+    critic, control = m["eval/adv_corr_first_lam0.95"], m["eval/adv_corr_first_lam0.95_group_mean"]
+    assert rc == (0 if critic > control else 1)
+    assert f"{critic:.3f}" in (out_text if rc == 0 else err) and f"{control:.3f}" in (out_text if rc == 0 else err)

@@ -319,3 +319,25 @@ def test_long_rows_are_stable(gamma: float, lam: float) -> None:
     returns32 = compute_returns(rewards32, mask, gamma=gamma, lam=lam, values=values32)
     # gamma = lambda = 1 sums ~4500 terms, so allow a few float32 ulps of the magnitude (~70).
     torch.testing.assert_close(returns32.double(), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_bootstrapped_returns_match_the_per_timestep_loop_per_rollout():
+    """values_from=critic: TD(lambda) targets of a packed micro-batch from its own values equal
+    the reference loop run on each rollout alone (carry-forward across tool tokens)."""
+    from critic_pretrain.targets import bootstrapped_returns
+    from reference_gae import reference_gae
+
+    masks = [[0, 0, 1, 1, 0, 1, 1, 1], [0, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0, 1], [0, 0, 0]]
+    g = torch.Generator().manual_seed(0)
+    flat = torch.tensor([m for mask in masks for m in mask], dtype=torch.float32)
+    values, rewards = torch.randn(1, len(flat), generator=g), torch.randn(1, len(flat), generator=g)
+    batch = {"weights": flat[None], "rewards": rewards, "seq_lens": torch.tensor([len(m) for m in masks]),
+             "position_ids": torch.cat([torch.arange(len(m)) for m in masks])[None]}
+    got = bootstrapped_returns(values, batch, gamma=0.9, lam=0.8)[0]
+    want, start = [], 0
+    for m in masks:
+        part = slice(start, start + len(m))
+        want.append(reference_gae(rewards[:, part], torch.tensor([m]), gamma=0.9, lam=0.8,
+                                  values=values[:, part])[1][0])
+        start += len(m)
+    torch.testing.assert_close(got, torch.cat(want), atol=1e-6, rtol=1e-6)

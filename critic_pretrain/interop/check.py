@@ -114,6 +114,10 @@ class SeedReport:
             headline = ("val:loss", "val:explained_variance", "val:oracle_loss", "val:oracle_explained_variance")
             val = ", ".join(f"{k} {info[k]:.4g}" for k in headline if isinstance(info.get(k), float))
             lines.append(f"  training: total_steps {info.get('total_steps')}" + (f", {val}" if val else ""))
+        q = f.get("quality")
+        if q and "critic" in q:
+            lines.append(f"  on the current policy ({q['rows']} rollouts): {q['measure']} {q['critic']:.3f} vs "
+                         f"group-mean baseline {q['baseline']:.3f}")
         opt = f.get("optimizer")
         if self.kind == "step":
             lines.append("  optimizer: " + (_describe_optimizer(opt) if opt else "none (the PPO run builds a fresh one)"))
@@ -125,12 +129,14 @@ class SeedReport:
 # Entry point
 
 def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: str | Path | None = None,
-               *, finite: bool = True) -> SeedReport:
+               *, finite: bool = True, rollouts: list[str] | None = None) -> SeedReport:
     """Check that ``path`` is a critic seed ``target`` loads correctly; never raises for a bad seed.
 
     ``model_config``: the PPO run's model (a folder or its config.json) whose hidden size,
     vocabulary and layers the weights must match. ``finite=False`` skips reading every
-    tensor (the NaN/Inf scan), for quick structural checks.
+    tensor (the NaN/Inf scan), for quick structural checks. ``rollouts``: fresh rollouts of
+    the PPO run's current policy; the seed fails when its critic is no better there than the
+    group-mean baseline (``check_quality``).
     """
     if target not in TARGETS:
         raise UserError(f"unknown target {target!r}; use one of: {', '.join(TARGETS)}")
@@ -144,7 +150,55 @@ def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: s
         _check_step(report, root, ppo_config, model_config, finite)
     else:
         _check_hf_folder(report, root, ppo_config, model_config, finite)
+    if rollouts:
+        if report.kind != "step":
+            report.fail("quality", f"{root}: --rollouts needs a step_<n> folder (its config.yaml builds the targets); "
+                                   "check the step the export came from")
+        elif report.ok:
+            check_quality(report, root, rollouts)
     return report
+
+
+QUALITY_LAM = 0.95
+"""The actor lambda the quality check scores advantages at (PPO recipes' usual value)."""
+
+
+def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> None:
+    """Is the critic still worth more than the group statistics on the current policy's rollouts?
+
+    With oracle values: its GAE advantages (lambda ``QUALITY_LAM``) must correlate better with
+    the true advantages at turn-first tokens than the group-mean-as-value control. Without:
+    its explained variance must beat the leave-one-out group mean's. A stale critic (trained
+    on an older policy) that fails this gives PPO worse advantages than no critic at all."""
+    from ..evaluate import evaluate_checkpoint
+
+    ev = evaluate_checkpoint(step_dir, rollouts, cold_every=0)
+    m = ev["metrics"]
+    tag = f"lam{QUALITY_LAM:g}"
+    q = {"rollouts": list(rollouts), "rows": ev["data"]["rows"], "explained_variance": m.get("eval/explained_variance"),
+         "ev_group_mean": m.get("eval/ev_group_mean")}
+    where = f"on {ev['data']['rows']} rollouts of {', '.join(rollouts)}"
+    if f"eval/adv_corr_first_{tag}" in m and f"eval/adv_corr_first_{tag}_group_mean" in m:
+        critic, control = m[f"eval/adv_corr_first_{tag}"], m[f"eval/adv_corr_first_{tag}_group_mean"]
+        q.update(measure=f"advantage correlation at turn-first tokens, lambda {QUALITY_LAM:g}", critic=critic,
+                 baseline=control, grpo=m.get("eval/adv_corr_first_grpo"), td0=m.get("eval/adv_corr_first_lam0"))
+        if not critic > control:
+            report.fail("quality", f"{where}: the critic's advantages (lambda {QUALITY_LAM:g}) correlate {critic:.3f} "
+                        f"with the true ones at turn-first tokens, no better than the group mean return as a constant "
+                        f"value ({control:.3f}; GRPO {q['grpo']:.3f}): the critic is stale for this policy; "
+                        "retrain on its rollouts (data.recency_half_life weights newer ones) or start PPO without it")
+    elif q["ev_group_mean"] is not None and q["explained_variance"] is not None:
+        q.update(measure="explained variance of the value targets", critic=q["explained_variance"],
+                 baseline=q["ev_group_mean"])
+        if not q["explained_variance"] > q["ev_group_mean"]:
+            report.fail("quality", f"{where}: the critic explains {q['explained_variance']:.3f} of the targets' "
+                        f"variance, no more than each group's mean return does ({q['ev_group_mean']:.3f}): it knows "
+                        "at most the prompts' difficulty for this policy; retrain on its rollouts or start PPO "
+                        "without it")
+    else:
+        report.warn(f"{where}: no group_id and no oracle_values, so there is no baseline to compare the critic "
+                    f"with (its explained variance: {q['explained_variance']:.3f})")
+    report.facts["quality"] = q
 
 
 def load_model_config(spec: str | Path):
@@ -709,13 +763,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the framework that will load it (default: nemo-rl)")
     check.add_argument("--model-config", help="the PPO model's folder or config.json: its hidden size, vocabulary "
                                               "and layers must match the seed")
+    check.add_argument("--rollouts", nargs="+", metavar="PATH",
+                       help="fresh rollouts of the PPO run's current policy: fail when the critic is no better there "
+                            "than the group-mean baseline (a stale critic)")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    report = check_seed(args.path, args.target, args.model_config)
+    report = check_seed(args.path, args.target, args.model_config, rollouts=args.rollouts)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
         return 0 if report.ok else 1

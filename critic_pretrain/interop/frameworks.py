@@ -90,9 +90,22 @@ def _describe_head(head: dict) -> str:
 def _describe_targets(targets: dict | None) -> str:
     if not targets:
         return "unknown (no critic_pretrain.json)"
+    source = {"critic": " (TD(lambda) bootstrapped from its own values)",
+              "data": " (bootstrapped from the rollouts' values)"}.get(targets.get("values_from"), "")
     return (f"rewards {reward_formula(targets)}, gamma {targets.get('gamma', 1.0):g}, critic lambda "
-            f"{targets.get('lam', 1.0):g}" + (" (Monte-Carlo returns)" if targets.get("lam", 1.0) == 1.0 else "")
+            f"{targets.get('lam', 1.0):g}" + (" (Monte-Carlo returns)" if targets.get("lam", 1.0) == 1.0 else source)
             + "; value[t] = head(hidden[t-1]), 0 at each sequence start")
+
+
+def _shared_lambda(t: dict) -> tuple[str, str]:
+    """(value, comment) for frameworks with one lambda for actor and critic. Any lambda
+    estimates the same values, so a critic pretrained with TD(lambda < 1) does not impose its
+    lambda on the actor; Monte-Carlo pretraining (lambda 1) is printed as trained."""
+    lam = t.get("lam", 1.0)
+    if lam < 1.0:
+        return "<actor's lambda>", (f"one lambda for actor and critic; the critic's TD({lam:g}) pretraining "
+                                    "estimates the same values, so keep the actor's")
+    return f"{lam:g}", "one lambda for actor and critic"
 
 
 def _describe_optimizer(opt: dict) -> str:
@@ -170,7 +183,7 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
                 f"critic.model.path: {loc}",
                 "trainer.critic_warmup: 0          # the critic is already warm",
                 "algorithm.adv_estimator: gae", f"algorithm.gamma: {gamma:g}",
-                f"algorithm.lam: {lam:g}              # verl uses one lambda for actor and critic",
+                f"algorithm.lam: {_shared_lambda(t)[0]}              # verl: {_shared_lambda(t)[1]}",
                 *_plain_reward_note(t, "verl has no reward-scaling option: make the reward function return it")]
     if target == "openrlhf":
         norm = (facts.get("normalization") or {}).get("mean") is not None
@@ -178,8 +191,8 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
                  f"--critic_pretrain {loc}            # newer: --critic.model_name_or_path {loc}",
                  "--value_head_prefix score           # newer: --ds.value_head_prefix score (config.json pins it too)",
                  "--advantage_estimator gae           # newer: --algo.advantage.estimator gae",
-                 f"--gamma {gamma:g} --lambd {lam:g}           # newer: --algo.advantage.gamma {gamma:g} "
-                 f"--algo.advantage.lambd {lam:g}",
+                 f"--gamma {gamma:g} --lambd {_shared_lambda(t)[0]}           # newer: --algo.advantage.gamma "
+                 f"{gamma:g} --algo.advantage.lambd; {_shared_lambda(t)[1]}",
                  "# leave --freezing_actor_steps / --critic.freezing_steps unset: the critic is already warm"]
         if norm:
             lines.append("--normalize_reward                  # newer: --reward.normalize_enable; applies the folded "
@@ -189,7 +202,8 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
             "from transformers import AutoModelForSequenceClassification",
             "from trl.experimental.ppo import PPOConfig, PPOTrainer",
             f"value_model = AutoModelForSequenceClassification.from_pretrained({loc!r}, num_labels=1)",
-            f"args = PPOConfig(..., gamma={gamma:g}, lam={lam:g})   # as the critic was trained",
+            f"args = PPOConfig(..., gamma={gamma:g}, lam={_shared_lambda(t)[0]})   # gamma as the critic was "
+            f"trained; {_shared_lambda(t)[1]}",
             "trainer = PPOTrainer(args=args, ..., value_model=value_model)",
             *_plain_reward_note(t, "TRL has no reward transform: make the reward model's score that scale")]
 
