@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench docs-figures clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/targets.py
 	$(BIN)/python bench/reader_memory.py
+
+# The demo's numbers and plots in docs/warm.md, from a fresh demo run (a few minutes on 2 cores).
+docs-figures: $(STAMP)
+	$(BIN)/python docs/make_figures.py --retrain
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

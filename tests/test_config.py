@@ -18,7 +18,7 @@ def test_config_overrides_and_errors(tmp_path):
     assert cfg.model.config["hidden_size"] == 64
     for bad, msg in [("train.max_stepz=3", "did you mean 'train.max_steps'"),
                      ("optim.schedule=exp", "use one of: constant, linear, cosine"),
-                     ("targets.lam=0.9", "needs bootstrap values"),
+                     ("targets.values_from=none", "needs bootstrap values"),
                      ("data.max_length=99999", "must fit into one micro-batch"),
                      ("train.grad_accum=two", "must be an integer"),
                      ("nokey", "is not key=value"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -331,3 +332,51 @@ def test_head_lr_scales_the_head_step_and_keeps_one_param_group(toy_data, tmp_pa
             assert base.abs().max() > 0
         else:
             torch.testing.assert_close(moved["fast"][k], base, rtol=0, atol=0)
+
+
+def test_td_lambda_from_the_critic_trains_on_its_own_bootstrapped_targets(toy_data, tmp_path):
+    """targets.values_from=critic: the step's loss is against the GAE(lam) returns of the
+    critic's own detached values, computed per rollout by the per-timestep reference loop;
+    the store (validation) keeps Monte-Carlo returns; a short run trains and evaluates."""
+    import numpy as np
+    from accelerate import Accelerator
+
+    from conftest import train_main
+    from critic_pretrain.config import load_config
+    from critic_pretrain.data import collate_packed, prepare_store
+    from critic_pretrain.metrics import read_metrics
+    from critic_pretrain.model import build_value_model, token_values
+    from critic_pretrain.optim import build_optimizer, build_scheduler
+    from critic_pretrain.train import train_step
+    from reference_gae import reference_gae
+
+    over = tiny_overrides(tmp_path / "run", toy_data, **{"targets.lam": 0.8, "targets.values_from": "critic",
+                                                          "targets.gamma": 0.97})
+    cfg = load_config(None, over)
+    store = prepare_store([str(toy_data)], tmp_path / "cache", cfg.data, cfg.targets)
+    mc = load_config(None, tiny_overrides(tmp_path, toy_data, **{"targets.gamma": 0.97}))
+    plain = prepare_store([str(toy_data)], tmp_path / "cache-mc", mc.data, mc.targets)
+    assert store.table.column("returns").equals(plain.table.column("returns"))  # validation: Monte-Carlo
+
+    batch = collate_packed(store, np.arange(6), 256, extra=True)
+    torch.manual_seed(0)
+    model = build_value_model(cfg.model)
+    with torch.no_grad():
+        values = token_values(model, batch["input_ids"], batch["position_ids"], seq_lens=batch["seq_lens"])
+    want, start = [], 0
+    for n in batch["seq_lens"].tolist():
+        part = slice(start, start + n)
+        mask = (batch["weights"][:, part] > 0).float()
+        want.append(reference_gae(batch["rewards"][:, part], mask, gamma=0.97, lam=0.8,
+                                  values=values[:, part])[1][0])
+        start += n
+    want = torch.cat(want)[None]
+    expected_sq = float((batch["weights"] * (values - want).square()).sum())
+    opt = build_optimizer(model, cfg.optim, torch.device("cpu"))
+    sums, _ = train_step(model, opt, build_scheduler(opt, cfg.optim, 10), [batch], Accelerator(cpu=True), cfg)
+    assert float(sums[1]) == pytest.approx(expected_sq, rel=1e-5)
+
+    assert train_main(over + ["eval.every=6"]) == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert all(math.isfinite(r["train/loss"]) for r in records if "train/loss" in r)
+    assert any("val/explained_variance" in r for r in records)

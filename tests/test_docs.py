@@ -1,0 +1,42 @@
+"""Numbers in the docs come from scripts: the demo block of docs/warm.md is what
+docs/make_figures.py renders from the recorded demo numbers, and the script works on a real run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from test_evaluate import tiny_run
+
+spec = importlib.util.spec_from_file_location("make_figures", ROOT / "docs" / "make_figures.py")
+make_figures = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_figures)
+
+
+def test_warm_md_demo_block_is_rendered_from_the_recorded_numbers():
+    text = (ROOT / "docs" / "warm.md").read_text()
+    block = text[text.index(make_figures.BEGIN):text.index(make_figures.END) + len(make_figures.END)]
+    numbers = json.loads(make_figures.NUMBERS.read_text())
+    assert block == make_figures.render(numbers), "docs/warm.md's demo block is stale: run `make docs-figures`"
+    for figure in make_figures.FIGURES:
+        assert (ROOT / "docs" / "img" / f"warm-{figure}.png").is_file()
+
+
+def test_figures_script_on_a_real_run(tmp_path_factory, toy_data):
+    run = tiny_run(tmp_path_factory, toy_data)
+    numbers = make_figures.collect(Path(run), 12.0)
+    final = numbers["rows"]["final"]
+    records = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+    last_val = [r for r in records if "val/loss" in r][-1]
+    assert final["val/loss"] == last_val["val/loss"] and final["step"] == last_val["step"]
+    block = make_figures.render(numbers)
+    assert block.startswith(make_figures.BEGIN) and block.endswith(make_figures.END)
+    assert f"{final['val/loss']:.3f}" in block and "took 0.2 min" in block
+    doc = f"before\n{make_figures.BEGIN}\nold\n{make_figures.END}\nafter"
+    assert make_figures.replace_block(doc, block) == f"before\n{block}\nafter"
+    with pytest.raises(ValueError):
+        make_figures.replace_block("no markers", block)
