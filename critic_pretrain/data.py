@@ -539,8 +539,9 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
     Returns ``input_ids``/``position_ids`` [1, N] int64, ``targets`` [1, N] f32,
     ``weights`` [1, N] f32 (loss_mask * sample_weight, 0 elsewhere), ``seq_lens`` [k] int32,
     ``valid_tokens`` (python int: tokens with weight > 0) and, with ``extra``, for
-    evaluation: ``rewards`` [1, N] (transformed, placed), ``outcome`` [k] (each rollout's
-    return) and ``oracle`` / ``old_values`` [1, N] (NaN where unknown).
+    evaluation and TD targets: ``rewards`` [1, N] (transformed, placed; a rollout cut at
+    ``max_length`` gets its return from the last kept policy token there), ``outcome`` [k]
+    (each rollout's return) and ``oracle`` / ``old_values`` [1, N] (NaN where unknown).
     """
     t = store.table.take(pa.array(rows))
     if int(store.lengths[rows].max()) > max_length:
@@ -571,7 +572,19 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
         "num_rows": len(rows),
     }
     if extra:
-        batch["rewards"] = torch.from_numpy(flat("rewards", np.float32))[None]
+        rewards = flat("rewards", np.float32)
+        cut = np.flatnonzero(store.lengths[rows] > lens)  # rollouts truncated at max_length
+        if len(cut):
+            # The rewards past the cut are gone; the last kept policy token carries the rollout's
+            # return from there (its target), so GAE over the kept part bootstraps from the
+            # whole rollout's outcome rather than from 0.
+            mask = flat("loss_mask", np.int64)
+            targets = batch["targets"][0].numpy()
+            for r in cut:
+                policy = np.flatnonzero(mask[starts[r]:starts[r] + lens[r]])
+                if len(policy):
+                    rewards[starts[r] + policy[-1]] = targets[starts[r] + policy[-1]]
+        batch["rewards"] = torch.from_numpy(rewards)[None]
         batch["outcome"] = torch.from_numpy(t.column("outcome").to_numpy(zero_copy_only=False).astype(np.float32))
         for key, name in (("oracle", "oracle_values"), ("old_values", "values")):
             col = t.column(name)

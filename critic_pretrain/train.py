@@ -513,7 +513,8 @@ def evaluate_and_log(run: Run, step: int) -> None:
                             max_length=run.data.max_length, layout=run.layout, device=run.accelerator.device,
                             reduce=run.reduce, token_cap=run.cfg.eval.max_tokens)
     run.metrics.log({"step": step, **run.last_val})
-    headline = ("loss", "explained_variance", "oracle_loss", "oracle_explained_variance", "calibration_error")
+    headline = ("loss", "explained_variance", "oracle_loss", "oracle_explained_variance", "calibration_error",
+                "adv_corr_first_lam0.95", "adv_corr_first_lam0.95_group_mean")
     log.info("step %d  %s", step, "  ".join(f"val/{k}={run.last_val[f'val/{k}']:.4g}" for k in headline
                                              if f"val/{k}" in run.last_val))
     reason = run.stop_rule.update(run.last_val)  # same values on every rank: all agree

@@ -289,3 +289,24 @@ def test_recency_half_life_weights_rollouts_by_policy_age(tmp_path):
     plain = prepare_store([str(tmp_path / "nov")], tmp_path / "c2", DataConfig(), TargetsConfig())
     with pytest.raises(UserError, match="needs a policy_version column"):
         plain.set_recency(1.0)
+
+
+def test_a_rollout_cut_at_max_length_keeps_its_return_for_bootstrapping(rows_dir, tmp_path):
+    """TD targets of a truncated rollout: the last kept policy token carries the whole
+    rollout's return (its stored target), so the outcome past the cut is not lost."""
+    from critic_pretrain.targets import bootstrapped_returns
+
+    store = prepare_store([str(rows_dir[0])], tmp_path, DataConfig(), TargetsConfig(gamma=0.9))
+    row = int(np.argmax(store.lengths * (store.table.column("outcome").to_numpy() > 0)))  # a rewarded rollout
+    cut = int(np.flatnonzero(store.table.column("loss_mask")[row].as_py())[-1])  # drops the outcome's token
+    mask = np.array(store.table.column("loss_mask")[row].as_py()[:cut])
+    last = int(np.flatnonzero(mask)[-1])
+    full = collate_packed(store, np.array([row]), 10_000, extra=True)
+    short = collate_packed(store, np.array([row]), cut, extra=True)
+    returns = store.table.column("returns")[row].as_py()
+    assert short["rewards"][0, last].item() == pytest.approx(returns[last])
+    zeros = torch.zeros_like(short["targets"])
+    # With zero values and lambda 1 the TD targets are the Monte-Carlo returns of the whole rollout.
+    td = bootstrapped_returns(zeros, short, gamma=0.9, lam=1.0)
+    torch.testing.assert_close(td[0, :cut][torch.from_numpy(mask) == 1],
+                               full["targets"][0, :cut][torch.from_numpy(mask) == 1], rtol=1e-5, atol=1e-6)
