@@ -125,8 +125,8 @@ def batch_sums(values: torch.Tensor, batch: dict, row_stats: torch.Tensor, gamma
     """([N_ROWS, 6] pair sums, [N_EV, 6] group-mean EV sums) of one packed micro-batch.
 
     ``values`` / ``cold_values``: [1, N] predictions; ``row_stats``: ``GroupStats.tensor``
-    of the micro-batch's rows. All GAEs run in one ``targets.compute_gae`` call on the
-    policy rows (``PolicyRows``) of every estimator and lambda, stacked.
+    of the micro-batch's rows. GAE runs on the policy rows (``targets.PolicyRows``): one
+    ``targets.compute_gae`` call per lambda with every estimator's rows stacked.
     """
     dev = values.device
     pr = PolicyRows.of(batch, dev)
@@ -154,49 +154,65 @@ def batch_sums(values: torch.Tensor, batch: dict, row_stats: torch.Tensor, gamma
         estimates["oracle_values"] = oracle
         measured = measured & known
 
-    # Value change across each policy turn against the rollout's outcome (no oracle needed).
-    n_first = first.sum(1)                                            # [k]
-    n_turns = int(n_first.max()) if k else 0                          # host sync: one per micro-batch
-    if n_turns > 1:
-        slot = torch.where(first, first.long().cumsum(1) - 1, n_turns)
-        target = (outcome - baseline)[:, None].expand(k, n_turns - 1)
-        has_next = torch.arange(n_turns - 1, device=dev)[None, :] < (n_first - 1)[:, None]
-        for name in TURN_ESTIMATORS:
-            if name in estimates:
-                v = torch.zeros(k, n_turns + 1, device=dev).scatter_(1, slot, estimates[name])[:, :n_turns]
-                pair[turn_index(name)] = pair_terms(v[:, 1:] - v[:, :-1], target, has_next & measured[:, None])
-
+    target = (outcome - baseline)[:, None]                            # [k, 1] outcome against its group
+    for name in TURN_ESTIMATORS:
+        if name in estimates:
+            pair[turn_index(name)] = turn_change_sums(estimates[name], first, target, measured)
     seg = torch.repeat_interleave(torch.arange(k, device=dev), batch["seq_lens"].to(dev), output_size=policy.shape[0])
     w = batch["weights"] * measured[seg][None]
+    oracle_packed = batch["oracle"].nan_to_num() if oracle is not None else None
     if grouped:  # explained variance of the targets (and true values) by the leave-one-out group mean
         ev[0] = token_terms(baseline[seg][None], batch["targets"], w).reshape(-1, N_SUMS).sum(0)
         if oracle is not None:
-            ev[1] = token_terms(baseline[seg][None], batch["oracle"].nan_to_num(), w).reshape(-1, N_SUMS).sum(0)
-    if oracle is not None:  # the ceiling: how much of the targets' variance the true values explain
-        ev[2] = token_terms(batch["oracle"].nan_to_num(), batch["targets"], w).reshape(-1, N_SUMS).sum(0)
-
+            ev[1] = token_terms(baseline[seg][None], oracle_packed, w).reshape(-1, N_SUMS).sum(0)
     if oracle is None:
         return pair, ev
-    # GAE for every (estimator, lambda), the truth (oracle values, lam 0) and REINFORCE (no
-    # values, lam 1), estimators stacked as rows [E*k, W].
-    estimates["truth"], estimates["reinforce"] = oracle, torch.zeros_like(oracle)
-    by_run = {}
-    for lam in LAMS:  # one call per lambda: a shared decay runs as one GEMM per scan level
-        names = [e for e in VALUE_ESTIMATORS if e in estimates] + {0.0: ["truth"], 1.0: ["reinforce"]}.get(lam, [])
-        adv = compute_gae(rewards.repeat(len(names), 1), mask.repeat(len(names), 1), gamma=gamma, lam=lam,
-                          values=torch.cat([estimates[e] for e in names]))[0].view(len(names), k, width)
-        by_run.update({(e, lam): a for e, a in zip(names, adv)})
-    truth = by_run[("truth", 0.0)]                                                 # [k, W] A*
+    ev[2] = token_terms(oracle_packed, batch["targets"], w).reshape(-1, N_SUMS).sum(0)   # the EV ceiling
     grpo = (outcome - group_mean).nan_to_num()[:, None].expand(k, width)
-    present = [(e, lam) for e, lam in ROWS if (e, lam) in by_run or e in FIXED_ESTIMATORS]
-    x = torch.stack([grpo if e == "grpo" else by_run[("reinforce", 1.0)] if e == "reinforce" else by_run[(e, lam)]
-                     for e, lam in present])                                       # [P, k, W]
-    at = torch.stack([first, mask]) & measured[None, :, None]                      # [2, k, W] (WHERE order)
-    sums = pair_sums(x, truth, at)                                                 # [P, 2, 6]
-    for (e, lam), s in zip(present, sums):
+    at = torch.stack([first, mask]) & measured[None, :, None]        # [2, k, W] (WHERE order)
+    for (e, lam), sums in advantage_sums(estimates, oracle, grpo, rewards, mask, at, gamma).items():
         i = row_index(e, lam, WHERE[0])
-        pair[i:i + len(WHERE)] = s
+        pair[i:i + len(WHERE)] = sums
     return pair, ev
+
+
+def turn_change_sums(values: torch.Tensor, first: torch.Tensor, target: torch.Tensor,
+                     measured: torch.Tensor) -> torch.Tensor:
+    """[6] pair sums of (value at the next turn's first token - value at this turn's, the
+    rollout's outcome against its group) over turns that have a next turn. ``values`` /
+    ``first``: [k, W] policy rows and their turn-first flags; ``target``: [k, 1]."""
+    k = values.shape[0]
+    n_first = first.sum(1)                                            # [k] turns per rollout
+    n_turns = int(n_first.max()) if k else 0                          # host sync
+    if n_turns < 2:
+        return torch.zeros(N_SUMS, dtype=torch.float64, device=values.device)
+    slot = torch.where(first, first.long().cumsum(1) - 1, n_turns)    # turn index at turn starts
+    v = torch.zeros(k, n_turns + 1, device=values.device).scatter_(1, slot, values)[:, :n_turns]
+    has_next = torch.arange(n_turns - 1, device=values.device)[None, :] < (n_first - 1)[:, None]
+    return pair_terms(v[:, 1:] - v[:, :-1], target.expand(k, n_turns - 1), has_next & measured[:, None])
+
+
+def advantage_sums(estimates: dict[str, torch.Tensor], oracle: torch.Tensor, grpo: torch.Tensor,
+                   rewards: torch.Tensor, mask: torch.Tensor, at: torch.Tensor, gamma: float
+                   ) -> dict[tuple[str, float | None], torch.Tensor]:
+    """{(estimator, lambda): [2, 6] pair sums against the true one-step advantages} on the
+    policy rows ([k, W] each; ``at``: [2, k, W] token sets in ``WHERE`` order). GAE runs once
+    per lambda with every value estimator's rows stacked, plus the truth (the true values at
+    lambda 0) and REINFORCE (no values, lambda 1)."""
+    k, width = mask.shape
+    runs = {**{e: v for e, v in estimates.items() if e in VALUE_ESTIMATORS},
+            "truth": oracle, "reinforce": torch.zeros_like(oracle)}
+    adv = {}
+    for lam in LAMS:  # a shared decay runs as one GEMM per scan level
+        names = [e for e in VALUE_ESTIMATORS if e in runs] + {0.0: ["truth"], 1.0: ["reinforce"]}.get(lam, [])
+        out = compute_gae(rewards.repeat(len(names), 1), mask.repeat(len(names), 1), gamma=gamma, lam=lam,
+                          values=torch.cat([runs[e] for e in names]))[0].view(len(names), k, width)
+        adv.update({(e, lam): a for e, a in zip(names, out)})
+    adv[("grpo", None)], adv[("reinforce", None)] = grpo, adv.pop(("reinforce", 1.0))
+    truth = adv.pop(("truth", 0.0))                                   # [k, W] A*
+    keys = [key for key in ROWS if key in adv]
+    sums = pair_sums(torch.stack([adv[key] for key in keys]), truth, at)   # [P, 2, 6]
+    return dict(zip(keys, sums))
 
 
 def pair_sums(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
