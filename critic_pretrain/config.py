@@ -202,7 +202,10 @@ class TrainConfig:
     log_every: int = 1
     """Log metrics every this many steps (each log syncs the device once)."""
     progress: bool = True
-    """Show a progress bar on the main process."""
+    """Show progress on the main process: a bar in a terminal; without one (SLURM, `> file`,
+    CI) a log line every `progress_every_s` seconds instead of bar redraws."""
+    progress_every_s: float = 30.0
+    """Without a terminal: seconds between progress lines (step, loss, EV, tokens/s, ETA)."""
     tensorboard: bool = True
     """Also write metrics as TensorBoard events to `<output_dir>/tensorboard` (when the
     tensorboard package is installed)."""
@@ -480,6 +483,7 @@ def check_values(cfg: Config) -> None:
         need(0 < cfg.data.max_length <= cfg.data.max_tokens,
              f"data.max_length={cfg.data.max_length} must be in (0, data.max_tokens={cfg.data.max_tokens}]: "
              "a rollout must fit into one micro-batch")
+    need(cfg.train.progress_every_s >= 0, f"train.progress_every_s={cfg.train.progress_every_s} must be >= 0")
     need(cfg.data.recency_half_life is None or cfg.data.recency_half_life > 0,
          f"data.recency_half_life={cfg.data.recency_half_life} must be > 0 (policy versions), or null for no "
          "recency weighting")

@@ -424,8 +424,11 @@ def _optional_padded(batch: pa.RecordBatch, name: str, lengths: np.ndarray) -> t
 
 
 def _progress(total: int, desc: str, enabled: bool):
+    import sys
+
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, unit="file", leave=False, disable=not enabled)
+    # Without a terminal a bar is a carriage-return redraw per file in the log: leave it out.
+    return tqdm(total=total, desc=desc, unit="file", leave=False, disable=not (enabled and sys.stderr.isatty()))
 
 
 # ---------------------------------------------------------------------------------------------

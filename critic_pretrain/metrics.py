@@ -8,9 +8,13 @@ squares), so they add across micro-batches and ranks with one all-reduce.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import sys
+import time
 from pathlib import Path
+from typing import Callable, TextIO
 
 import torch
 
@@ -153,3 +157,67 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
         except ValueError:
             continue
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress: a bar in a terminal, log lines elsewhere
+
+log = logging.getLogger("critic_pretrain.progress")
+
+
+def progress(enabled: bool, start: int, total: int, *, every_s: float = 30.0, stream: TextIO | None = None):
+    """Training progress with tqdm's interface (``update``, ``set_postfix``, ``close``).
+
+    In a terminal: a tqdm bar. Without one (SLURM, ``> file``, CI), a bar would write a
+    carriage-return redraw per update into the file, so ``LogProgress`` writes one log line
+    every ``every_s`` seconds instead."""
+    from tqdm.auto import tqdm
+
+    stream = stream or sys.stderr
+    if not enabled or stream.isatty():
+        return tqdm(total=total, initial=start, desc="train", unit="step", disable=not enabled, dynamic_ncols=True,
+                    file=stream)
+    return LogProgress(start, total, every_s)
+
+
+class LogProgress:
+    """Progress as log lines: ``step 120/600 (20%)  loss=..  ev=..  tok_s=..  2.1 steps/s  ETA 3m48s``,
+    at most one every ``every_s`` seconds, and a last one at ``close``."""
+
+    def __init__(self, start: int, total: int, every_s: float, clock: Callable[[], float] = time.monotonic):
+        self.start = self.n = self.logged = start
+        self.total, self.every_s, self.clock = total, every_s, clock
+        self.t0 = self.last = clock()
+        self.postfix: dict[str, str] = {}
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.clock() - self.last >= self.every_s:
+            self._log()
+
+    def set_postfix(self, **values: str) -> None:
+        self.postfix.update(values)
+
+    def close(self) -> None:
+        if self.n != self.logged:
+            self._log()
+
+    def line(self) -> str:
+        now = self.clock()
+        rate = (self.n - self.start) / max(now - self.t0, 1e-9)
+        eta = (self.total - self.n) / rate if rate > 0 else math.inf
+        parts = [f"step {self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f}%)",
+                 *(f"{k}={v}" for k, v in self.postfix.items()), f"{rate:.3g} steps/s",
+                 f"ETA {_duration(eta)}" if self.n < self.total else "done"]
+        return "  ".join(parts)
+
+    def _log(self) -> None:
+        log.info("%s", self.line())
+        self.last, self.logged = self.clock(), self.n
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

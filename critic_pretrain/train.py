@@ -36,7 +36,7 @@ from critic_pretrain.data import (Layout, TrainData, build_train_data, file_mani
                                   source_files, step_batches, to_device)
 from critic_pretrain.errors import UserError, first_line
 from critic_pretrain.evaluate import evaluate
-from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, read_metrics, summarize, value_sums
+from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read_metrics, summarize, value_sums
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
                                    position_limit, set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
@@ -443,7 +443,8 @@ def train_loop(run: Run, preempt: Preemption) -> int:
         log.info("nothing to do: this run stopped early at step %d (%s)", prog.step, prog.stopped_early)
     elif run.resume_dir is None:
         evaluate_and_log(run, 0)
-    bar = _progress_bar(acc.is_main_process and cfg.train.progress, prog.step, cfg.train.max_steps)
+    bar = progress(acc.is_main_process and cfg.train.progress, prog.step, cfg.train.max_steps,
+                   every_s=cfg.train.progress_every_s)
     window = Window(run)
     run.model.train()
     while prog.step < cfg.train.max_steps and not prog.stopped_early:
@@ -590,11 +591,6 @@ def _load_tokenizer(cfg: Config):
             raise UserError(f"model.tokenizer={src!r}: cannot load it ({e}); pass a tokenizer folder") from None
         log.info("no tokenizer found at %s: checkpoints will not carry value/tokenizer/", src)
         return None
-
-
-def _progress_bar(enabled: bool, start: int, total: int):
-    from tqdm.auto import tqdm
-    return tqdm(total=total, initial=start, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
 
 
 if __name__ == "__main__":  # accelerate launch critic_pretrain/train.py ...: the same router and error handler
