@@ -77,7 +77,10 @@ def test_good_seed_passes_with_facts_and_paste_lines(run, capsys):
     assert out.startswith(f"OK  {run / 'step_4'} is a valid critic seed for nemo-rl")
     assert f"warm_start_value_checkpoint: {(run / 'step_4').resolve()}" in out
     assert "policy_training_start_step: 0" in out and "gae_lambda_value: 1" in out
-    assert "LambdaLR" in err  # the scheduler-class note for older NeMo-RL
+    # The current NeMo-RL warm-starts from the weights only: no warnings about the optimizer state.
+    assert err == "" and "ignores it on a warm start; --legacy-nemo-rl checks it" in out
+    rc, out, err = check(capsys, run / "step_4", "--legacy-nemo-rl")
+    assert rc == 0 and "LambdaLR" in err and "carries lr" in err  # the notes for NeMo-RL before PR #4213
 
 
 def test_json_output(run, capsys):

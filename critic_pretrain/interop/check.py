@@ -120,7 +120,10 @@ class SeedReport:
                          f"group-mean baseline {q['baseline']:.3f}")
         opt = f.get("optimizer")
         if self.kind == "step":
-            lines.append("  optimizer: " + (_describe_optimizer(opt) if opt else "none (the PPO run builds a fresh one)"))
+            lines.append("  optimizer: " + (_describe_optimizer(opt) if opt else "none (the PPO run builds a fresh one)")
+                         + (" (NeMo-RL since PR #4213 ignores it on a warm start; --legacy-nemo-rl checks it for "
+                            "older versions)" if opt and self.target == "nemo-rl" and not f.get("legacy_nemo_rl")
+                            else ""))
         lines.append(f"  {self.target} needs: {FRAMEWORKS[self.target].needs}")
         return "\n".join(lines)
 
@@ -129,19 +132,23 @@ class SeedReport:
 # Entry point
 
 def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: str | Path | None = None,
-               *, finite: bool = True, rollouts: list[str] | None = None) -> SeedReport:
+               *, finite: bool = True, rollouts: list[str] | None = None, legacy_nemo_rl: bool = False
+               ) -> SeedReport:
     """Check that ``path`` is a critic seed ``target`` loads correctly; never raises for a bad seed.
 
     ``model_config``: the PPO run's model (a folder or its config.json) whose hidden size,
     vocabulary and layers the weights must match. ``finite=False`` skips reading every
     tensor (the NaN/Inf scan), for quick structural checks. ``rollouts``: fresh rollouts of
     the PPO run's current policy; the seed fails when its critic is no better there than the
-    group-mean baseline (``check_quality``).
+    group-mean baseline (``check_quality``). ``legacy_nemo_rl``: also warn about what NeMo-RL
+    before PR #4213 does with the optimizer state (its lr, its scheduler class); the current
+    NeMo-RL warm-starts from the weights only and ignores that state.
     """
     if target not in TARGETS:
         raise UserError(f"unknown target {target!r}; use one of: {', '.join(TARGETS)}")
     ppo_config = load_model_config(model_config) if model_config else None
     report = SeedReport(path=Path(str(path)) if path not in (None, "") else Path('""'), target=target)
+    report.facts["legacy_nemo_rl"] = legacy_nemo_rl
     root = _resolve(report, path)
     if root is None:
         return report
@@ -686,11 +693,11 @@ def _check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
     if no_initial:
         report.fail("optimizer", f"no initial_lr in the optimizer state (saved without an LR scheduler): NeMo-RL's "
                                  f"scheduler cannot resume from it; {drop}")
-    if report.target == "nemo-rl":
+    if report.target == "nemo-rl" and report.facts.get("legacy_nemo_rl"):
         report.warn(f"the optimizer state carries lr {report.facts['optimizer']['lr']} (scheduler base lr "
                     f"{report.facts['optimizer']['base_lr']}): an older NeMo-RL that loads it continues from these, "
                     "not from value.optimizer.kwargs.lr; re-export with --lr LR to set it, or --drop-optimizer")
-    if report.target == "nemo-rl" and sched_cls == "LambdaLR":
+    if report.target == "nemo-rl" and report.facts.get("legacy_nemo_rl") and sched_cls == "LambdaLR":
         report.warn("the optimizer's scheduler state is LambdaLR: NeMo-RL since PR #4213 ignores it; an older NeMo-RL "
                     "loads it only when value.scheduler is unset. With value.scheduler set (the PPO example: "
                     "ConstantLR + milestones: []) re-export with --scheduler sequential, or --drop-optimizer")
@@ -766,13 +773,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--rollouts", nargs="+", metavar="PATH",
                        help="fresh rollouts of the PPO run's current policy: fail when the critic is no better there "
                             "than the group-mean baseline (a stale critic)")
+    check.add_argument("--legacy-nemo-rl", action="store_true",
+                       help="also check what NeMo-RL before PR #4213 does with the optimizer state (its lr and "
+                            "scheduler class); the current NeMo-RL warm-starts from the weights only")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    report = check_seed(args.path, args.target, args.model_config, rollouts=args.rollouts)
+    report = check_seed(args.path, args.target, args.model_config, rollouts=args.rollouts,
+                        legacy_nemo_rl=args.legacy_nemo_rl)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
         return 0 if report.ok else 1
