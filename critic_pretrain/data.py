@@ -699,9 +699,10 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
             r = store.set_recency(data.recency_half_life, newest)
             newest = r["newest"]
             log.info("%s data: recency weights, policy versions %d..%d, the oldest weigh %.3g (half-life %g "
-                     "versions)%s", store.path.name, r["oldest"], r["newest"], r["oldest_weight"],
+                     "versions)%s%s", store.path.name, r["oldest"], r["newest"], r["oldest_weight"],
                      data.recency_half_life, f"; {r['without_version']} rollouts without a version weigh as the "
-                     "oldest" if r["without_version"] else "")
+                     "oldest" if r["without_version"] else "",
+                     "; one policy version only: the weights change nothing" if r["oldest"] == r["newest"] else "")
     max_length = max_length_of(data, model_limit)
     overlong = int((train.lengths[train_idx] > max_length).sum())
     train_idx, train_len = effective_lengths(train, train_idx, max_length, data.overlong)

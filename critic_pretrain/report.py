@@ -193,7 +193,8 @@ def _fmt(v) -> str:
 
 
 VAL_COLUMNS = (("val/loss", "val loss"), ("val/explained_variance", "val EV"), ("val/oracle_loss", "oracle loss"),
-               ("val/oracle_explained_variance", "oracle EV"), ("val/calibration_error", "calib. error"))
+               ("val/oracle_explained_variance", "oracle EV"), ("val/calibration_error", "calib. error"),
+               ("val/adv_corr_first_lam0.95", "adv. corr lam 0.95"), ("val/adv_corr_first_lam0", "adv. corr lam 0"))
 
 
 def summary_markdown(summaries: list[RunSummary]) -> str:
@@ -321,8 +322,8 @@ def fig_explained_variance(runs: list[RunData]):
                      "Explained variance (1 = perfect, 0 = predicts the mean)", "explained variance")
     ax = fig.axes[0]
     for i, run in enumerate(runs):  # reference levels from the newest evaluation that has them
-        for key, what, style in (("val/ev_oracle_values", "true values (ceiling)", ":"),
-                                 ("val/ev_group_mean", "group mean return", "-.")):
+        for key, what, style in (("val/ev_oracle_values", "true values on the val targets (ceiling of validation)",
+                                  ":"), ("val/ev_group_mean", "group mean return on the val targets", "-.")):
             steps, values = run.series(key)
             if len(steps):
                 ax.axhline(values[-1], color=_color(i), linestyle=style, linewidth=1.0,
@@ -498,7 +499,8 @@ def write_report(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
         fig.savefig(path)
         written.append(path)
     text = summary_markdown([summarize_run(run, calibrations[run.name]) for run in runs])
-    fileio.write_text(out / "report.md", text)
+    images = "\n".join(f"![{p.stem}]({p.name})" for p in written)
+    fileio.write_text(out / "report.md", f"{text}\n## Figures\n\n{images}\n")
     written.append(out / "report.md")
     return written, text
 

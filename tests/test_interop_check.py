@@ -367,10 +367,11 @@ def test_quality_rule(seed, capsys, monkeypatch, metrics, ok, words):
     assert calls == [(seed.resolve(), ["newer/"])]
     assert rc == (0 if ok else 1)
     if ok:
-        assert "on the current policy (64 rollouts)" in out
+        assert "quality on the current policy (64 rollouts): PASSED" in out
     else:
         (line,) = errors(err)
-        assert words in line and "on 64 rollouts of newer/" in line and "retrain" in line
+        assert words in line and "on 64 rollouts of newer/" in line and "stale for this policy or" in line \
+            or "(stale or under-trained)" in line
 
 
 def test_quality_without_a_baseline_warns(seed, capsys, monkeypatch):

@@ -62,8 +62,9 @@ def test_report_on_synthetic_metrics(tmp_path, capsys):
         data = (out / f"{name}.png").read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
     assert not (out / "calibration.png").exists()  # no checkpoint, no eval JSON
-    text = (out / "report.md").read_text()
-    assert text in printed
+    text, figures = (out / "report.md").read_text().split("\n## Figures\n")
+    assert text in printed  # report.md is the printed summary plus the figures it links
+    assert all(f"![{name}]({name}.png)" in figures for name in CURVES)
     assert "| synthetic | 100 | 0.2 (70) | 0.8 (70) | 0.3 | 0.7 | 40 |" in text
     assert "| best val loss | 70 | 0.2 | 0.8 | 0.02 |" in text
     assert "val loss at step 40" in text and "Over-training" in text

@@ -116,8 +116,14 @@ class SeedReport:
             lines.append(f"  training: total_steps {info.get('total_steps')}" + (f", {val}" if val else ""))
         q = f.get("quality")
         if q and "critic" in q:
-            lines.append(f"  on the current policy ({q['rows']} rollouts): {q['measure']} {q['critic']:.3f} vs "
-                         f"group-mean baseline {q['baseline']:.3f}")
+            tokens = f", {q['tokens']} turn-first tokens" if q.get("tokens") else ""
+            lines.append(f"  quality on the current policy ({q['rows']} rollouts{tokens}): PASSED, {q['measure']} "
+                         f"{q['critic']:.3f} > group-mean baseline {q['baseline']:.3f} (margin "
+                         f"{q['critic'] - q['baseline']:.3f}; a small margin may be noise: check more rollouts)")
+            if q.get("explained_variance") is not None:
+                ceiling = f" (true values: {q['ceiling']:.3f})" if q.get("ceiling") is not None else ""
+                lines.append(f"  explained variance there: {q['explained_variance']:.3f}{ceiling}; a low one means "
+                             "the value levels are off for this policy, which PPO's first steps re-learn")
         opt = f.get("optimizer")
         if self.kind == "step":
             lines.append("  optimizer: " + (_describe_optimizer(opt) if opt else "none (the PPO run builds a fresh one)")
@@ -189,22 +195,26 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
         critic, control = m[f"eval/adv_corr_first_{tag}"], m[f"eval/adv_corr_first_{tag}_group_mean"]
         q.update(measure=f"advantage correlation at turn-first tokens, lambda {QUALITY_LAM:g}", critic=critic,
                  baseline=control, grpo=m.get("eval/adv_corr_first_grpo"), td0=m.get("eval/adv_corr_first_lam0"))
+        q.update(ceiling=m.get("eval/ev_oracle_values"),
+                 tokens=next((r["n"] for r in ev.get("advantages", []) if r["estimator"] == "critic"
+                              and r["lam"] == QUALITY_LAM and r["tokens"] == "first"), None))
         if not critic > control:
             report.fail("quality", f"{where}: the critic's advantages (lambda {QUALITY_LAM:g}) correlate {critic:.3f} "
                         f"with the true ones at turn-first tokens, no better than the group mean return as a constant "
-                        f"value ({control:.3f}; GRPO {q['grpo']:.3f}): the critic is stale for this policy; "
-                        "retrain on its rollouts (data.recency_half_life weights newer ones) or start PPO without it")
+                        f"value ({control:.3f}; GRPO {q['grpo']:.3f}): the critic is stale for this policy or "
+                        "under-trained; retrain with its rollouts in the data or start PPO without it")
     elif q["ev_group_mean"] is not None and q["explained_variance"] is not None:
         q.update(measure="explained variance of the value targets", critic=q["explained_variance"],
                  baseline=q["ev_group_mean"])
         if not q["explained_variance"] > q["ev_group_mean"]:
             report.fail("quality", f"{where}: the critic explains {q['explained_variance']:.3f} of the targets' "
                         f"variance, no more than each group's mean return does ({q['ev_group_mean']:.3f}): it knows "
-                        "at most the prompts' difficulty for this policy; retrain on its rollouts or start PPO "
-                        "without it")
+                        "at most the prompts' difficulty for this policy (stale or under-trained); retrain with its "
+                        "rollouts in the data or start PPO without it")
     else:
         report.warn(f"{where}: no group_id and no oracle_values, so there is no baseline to compare the critic "
                     f"with (its explained variance: {q['explained_variance']:.3f})")
+    q["passed"] = not any(p.area == "quality" for p in report.problems) if "critic" in q else None
     report.facts["quality"] = q
 
 
@@ -764,7 +774,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="critic-pretrain seed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    check = sub.add_parser("check", help="check a seed before a PPO run loads it")
+    check = sub.add_parser("check", help="check a seed before a PPO run loads it",
+                           description="Check that a critic seed loads correctly into the PPO framework (keys, "
+                                       "shapes, head, finite weights, optimizer, training info) and print the config "
+                                       "lines to paste; optionally score it on the current policy's rollouts.")
     check.add_argument("path", help="the step_<n> folder (or, with --for verl|openrlhf|trl, an exported folder)")
     check.add_argument("--for", dest="target", choices=TARGETS, default="nemo-rl",
                        help="the framework that will load it (default: nemo-rl)")
@@ -772,7 +785,9 @@ def build_parser() -> argparse.ArgumentParser:
                                               "and layers must match the seed")
     check.add_argument("--rollouts", nargs="+", metavar="PATH",
                        help="fresh rollouts of the PPO run's current policy: fail when the critic is no better there "
-                            "than the group-mean baseline (a stale critic)")
+                            "than the group-mean baseline (with oracle_values: its lambda-0.95 advantage correlation "
+                            "at turn-first tokens against the group mean held as the value; otherwise: its explained "
+                            "variance against the leave-one-out group mean's)")
     check.add_argument("--legacy-nemo-rl", action="store_true",
                        help="also check what NeMo-RL before PR #4213 does with the optimizer state (its lr and "
                             "scheduler class); the current NeMo-RL warm-starts from the weights only")
