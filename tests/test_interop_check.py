@@ -407,3 +407,94 @@ def test_quality_on_fresh_rollouts_of_a_shifted_policy(tmp_path, capsys):
     critic, control = m["eval/adv_corr_first_lam0.95"], m["eval/adv_corr_first_lam0.95_group_mean"]
     assert rc == (0 if critic > control else 1)
     assert f"{critic:.3f}" in (out_text if rc == 0 else err) and f"{control:.3f}" in (out_text if rc == 0 else err)
+
+
+# ---------------------------------------------------------------------------------------------
+# --ppo-config: the PPO run's conventions against the seed's
+
+NEMO_BASE = """
+ppo:
+  adv_estimator: {name: gae, gae_lambda: 0.95, gae_gamma: 1, gae_lambda_value: null}
+  reward_shaping: {enabled: true, overlong_buffer_length: 2048}
+  reward_scaling: {enabled: true, source_min: 0.0, source_max: 1.0, target_min: -1.0, target_max: 1.0}
+policy:
+  model_name: Qwen/Qwen2.5-1.5B
+  max_total_sequence_length: 16384
+value:
+  model_name: ${policy.model_name}
+  max_total_sequence_length: ${policy.max_total_sequence_length}
+"""
+
+
+def test_ppo_config_nemo_rl_mismatches_one_line_each(run, tmp_path, capsys):
+    """NeMo-RL's example-style config against a seed trained on raw rewards, gamma 1, lambda 1,
+    256-token rollouts: the reward map is an error; shaping, lambda, length and an unreachable
+    model are warnings, each with both values."""
+    (tmp_path / "ppo.yaml").write_text(NEMO_BASE)
+    rc, out, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / "ppo.yaml")
+    (line,) = errors(err)
+    assert rc == 1 and "the PPO run's rewards are 2*r - 1 of the raw ones, the critic's were r (as given)" in line
+    assert "targets.reward_scale=2 targets.reward_shift=-1" in line
+    assert "reward_shaping is enabled" in err and "lambda 0.95, it was pretrained with 1" in err
+    assert "sequences up to 16384 tokens, the critic was trained on at most 256" in err
+    assert "Qwen/Qwen2.5-1.5B is not a local folder here" in err
+
+
+def test_ppo_config_nemo_rl_recipe_inheriting_defaults_that_matches(run, tmp_path, capsys):
+    """A recipe with `defaults:` (merged, child wins) that matches the seed, whose critic model is
+    a local folder of the same architecture: exit 0, no warnings."""
+    (tmp_path / "base.yaml").write_text(NEMO_BASE)
+    model = ckpt.StepPaths(run / "step_4").hf_config.parent
+    (tmp_path / "recipe.yaml").write_text(f"""defaults: base.yaml
+ppo:
+  reward_shaping: {{enabled: false}}
+  adv_estimator: {{gae_lambda_value: 1.0}}
+  reward_scaling: {{enabled: false}}
+policy: {{max_total_sequence_length: 256}}
+value: {{model_name: {model}}}
+""")
+    rc, out, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / "recipe.yaml")
+    assert rc == 0 and err == "", err
+    report = check_seed(run / "step_4", ppo_config=tmp_path / "recipe.yaml")
+    assert report.facts["ppo_config"] == {"framework": "nemo-rl", "gamma": 1.0, "lam": 1.0, "reward_scale": 1.0,
+                                          "reward_shift": 0.0, "model": str(model), "max_length": 256}
+
+
+def test_ppo_config_model_of_another_architecture(run, tmp_path, capsys):
+    other = tmp_path / "other-model"
+    other.mkdir()
+    config = json.loads(ckpt.StepPaths(run / "step_4").hf_config.read_text())
+    (other / "config.json").write_text(json.dumps({**config, "hidden_size": 48}))
+    (tmp_path / "verl.yaml").write_text(f"algorithm: {{gamma: 1.0, lam: 1.0}}\ncritic: {{model: {{path: {other}}}}}\n"
+                                        "data: {max_prompt_length: 100, max_response_length: 100}\n")
+    rc, _, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / "verl.yaml")
+    assert rc == 1 and "hidden" in err and "48" in err
+
+
+@pytest.mark.parametrize("text,rc,words", [
+    ("algorithm.gamma=0.99 algorithm.lam=1.0 data.max_prompt_length=100 data.max_response_length=100",
+     1, "gamma 0.99, but the critic was trained with gamma 1"),
+    ("python3 -m openrlhf.cli.train_ppo_ray --pretrain /nope --gamma 1 --normalize_reward \\\n"
+     "  --prompt_max_len 100 --generate_max_len 100", 0, "reward normalisation is on"),
+    ("python3 -m openrlhf.cli.train_ppo_ray --actor.model_name_or_path /nope --algo.advantage.gamma=0.9 "
+     "--data.max_len 200", 1, "gamma 0.9, but the critic was trained with gamma 1"),
+])
+def test_ppo_config_verl_overrides_and_openrlhf_command_lines(run, tmp_path, capsys, text, rc, words):
+    (tmp_path / "args.txt").write_text(text)
+    got, _, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / "args.txt")
+    assert got == rc and words in err
+
+
+def test_ppo_config_flat_openrlhf_defaults_to_its_lambda(run, tmp_path, capsys):
+    """Flat OpenRLHF (<= 0.8) defaults --lambd to 0.95: worth a warning for a lambda-1 critic."""
+    (tmp_path / "a.sh").write_text("--pretrain /nope --prompt_max_len 100 --generate_max_len 100")
+    rc, _, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / "a.sh")
+    assert rc == 0 and "lambda 0.95, it was pretrained with 1" in err
+
+
+def test_ppo_config_that_is_none_of_them(run, tmp_path, capsys):
+    (tmp_path / "x.yaml").write_text("trainer: {epochs: 3}\n")
+    (tmp_path / "x.txt").write_text("hello world\n")
+    for f in ("x.yaml", "x.txt", "missing.yaml"):
+        rc, _, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / f)
+        assert rc == 2 and err.startswith("error: --ppo-config") and "Traceback" not in err

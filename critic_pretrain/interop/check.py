@@ -138,8 +138,8 @@ class SeedReport:
 # Entry point
 
 def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: str | Path | None = None,
-               *, finite: bool = True, rollouts: list[str] | None = None, legacy_nemo_rl: bool = False
-               ) -> SeedReport:
+               *, finite: bool = True, rollouts: list[str] | None = None, legacy_nemo_rl: bool = False,
+               ppo_config: str | Path | None = None) -> SeedReport:
     """Check that ``path`` is a critic seed ``target`` loads correctly; never raises for a bad seed.
 
     ``model_config``: the PPO run's model (a folder or its config.json) whose hidden size,
@@ -148,11 +148,18 @@ def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: s
     the PPO run's current policy; the seed fails when its critic is no better there than the
     group-mean baseline (``check_quality``). ``legacy_nemo_rl``: also warn about what NeMo-RL
     before PR #4213 does with the optimizer state (its lr, its scheduler class); the current
-    NeMo-RL warm-starts from the weights only and ignores that state.
+    NeMo-RL warm-starts from the weights only and ignores that state. ``ppo_config``: the PPO
+    run's config (NeMo-RL / verl YAML, OpenRLHF command line); its gamma, reward scaling,
+    lambda, context length and critic model are compared with the seed's (``ppo_config.compare``).
     """
     if target not in TARGETS:
         raise UserError(f"unknown target {target!r}; use one of: {', '.join(TARGETS)}")
-    ppo_config = load_model_config(model_config) if model_config else None
+    ppo = None
+    if ppo_config:
+        from .ppo_config import local_model, read_ppo_config
+        ppo = read_ppo_config(ppo_config)
+        model_config = model_config or local_model(ppo)  # the PPO run's critic model, when it is here
+    ppo_model = load_model_config(model_config) if model_config else None
     report = SeedReport(path=Path(str(path)) if path not in (None, "") else Path('""'), target=target)
     report.facts["legacy_nemo_rl"] = legacy_nemo_rl
     root = _resolve(report, path)
@@ -160,9 +167,13 @@ def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: s
         return report
     report.path = root
     if report.kind == "step":
-        _check_step(report, root, ppo_config, model_config, finite)
+        _check_step(report, root, ppo_model, model_config, finite)
     else:
-        _check_hf_folder(report, root, ppo_config, model_config, finite)
+        _check_hf_folder(report, root, ppo_model, model_config, finite)
+    if ppo is not None:
+        from .ppo_config import compare
+        step_config = ckpt.StepPaths(root).read_config() if report.kind == "step" else None
+        compare(report, ppo, step_config, model_checked=model_config is not None)
     if rollouts:
         if report.kind != "step":
             report.fail("quality", f"{root}: --rollouts needs a step_<n> folder (its config.yaml builds the targets); "
@@ -788,6 +799,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "than the group-mean baseline (with oracle_values: its lambda-0.95 advantage correlation "
                             "at turn-first tokens against the group mean held as the value; otherwise: its explained "
                             "variance against the leave-one-out group mean's)")
+    check.add_argument("--ppo-config", metavar="FILE",
+                       help="the PPO run's config: a NeMo-RL or verl YAML, verl key=value overrides, or an OpenRLHF "
+                            "command line in a file; fails on a gamma or reward-scale mismatch, warns on lambda, "
+                            "reward shaping/normalisation and context length, checks its critic model's architecture")
     check.add_argument("--legacy-nemo-rl", action="store_true",
                        help="also check what NeMo-RL before PR #4213 does with the optimizer state (its lr and "
                             "scheduler class); the current NeMo-RL warm-starts from the weights only")
@@ -798,7 +813,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     report = check_seed(args.path, args.target, args.model_config, rollouts=args.rollouts,
-                        legacy_nemo_rl=args.legacy_nemo_rl)
+                        legacy_nemo_rl=args.legacy_nemo_rl, ppo_config=args.ppo_config)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
         return 0 if report.ok else 1
