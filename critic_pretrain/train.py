@@ -40,6 +40,7 @@ from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
                                    position_limit, set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
+from critic_pretrain.interop.tokenizer import fingerprint
 from critic_pretrain.targets import bootstrapped_returns
 from rollouts import fileio
 
@@ -82,6 +83,8 @@ class Run:
     """Accepted changes of run-defining settings across resumes (``train.allow_config_changes``)."""
     lock: Any = None
     """The open ``output_dir/.lock`` (main process): released when the process exits."""
+    tokenizer_fingerprint: dict | None = None
+    """``interop.tokenizer.fingerprint`` of ``tokenizer``, written into every checkpoint's manifest."""
 
     @property
     def out(self) -> Path:
@@ -242,8 +245,10 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
                 stop_rule.update(rec)
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
                          tensorboard_dir=out / "tensorboard" if cfg.train.tensorboard else None)
-    return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, _load_tokenizer(cfg), resume_dir,
-               prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock)
+    tokenizer = _load_tokenizer(cfg)
+    return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
+               prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
+               tokenizer_fingerprint=fingerprint(tokenizer) if tokenizer is not None else None)
 
 
 def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
@@ -540,6 +545,7 @@ def save(run: Run, step: int) -> None:
                  "val_rows": len(run.data.val_idx), "stats": vars(run.data.train.stats),
                  "sources": run.data.train.meta["sources"], "changes": run.data_changes},
         "config_changes": run.config_changes,
+        "tokenizer": run.tokenizer_fingerprint,
         "world_size": run.layout.world, "versions": ckpt.library_versions(),
     }
     try:

@@ -498,3 +498,63 @@ def test_ppo_config_that_is_none_of_them(run, tmp_path, capsys):
     for f in ("x.yaml", "x.txt", "missing.yaml"):
         rc, _, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / f)
         assert rc == 2 and err.startswith("error: --ppo-config") and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer fingerprint
+
+def tiny_tokenizer(folder: Path, *, shuffle: bool = False, eos: str = "[EOS]") -> Path:
+    """A 64-token word-level tokenizer saved like a model's (tokenizer.json + config)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[EOS]", "[BOS]"] + [f"w{i}" for i in range(60)]
+    if shuffle:
+        words = words[:4] + words[4:][::-1]
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({w: i for i, w in enumerate(words)},
+                                                                       unk_token="[UNK]")),
+                                  unk_token="[UNK]", pad_token="[PAD]", eos_token=eos, bos_token="[BOS]")
+    tok.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tok_run(toy_data, tmp_path_factory) -> tuple[Path, Path]:
+    from conftest import train_main
+
+    tmp = tmp_path_factory.mktemp("tokrun")
+    tok = tiny_tokenizer(tmp / "tok")
+    assert train_main(tiny_overrides(tmp / "run", toy_data, **{"train.max_steps": 2, "checkpoint.save_every": 2,
+                                                                 "model.tokenizer": tok})) == 0
+    return tmp / "run" / "step_2", tok
+
+
+def test_seed_records_its_tokenizer_fingerprint(tok_run, capsys):
+    from critic_pretrain.interop.tokenizer import fingerprint_of
+
+    step, tok = tok_run
+    manifest = json.loads((step / ckpt.MANIFEST).read_text())
+    assert manifest["tokenizer"] == fingerprint_of(tok) and manifest["tokenizer"]["vocab_size"] == 64
+    assert manifest["tokenizer"]["special_ids"]["eos_token_id"] == 2
+    rc, out, _ = check(capsys, step)
+    assert rc == 0 and f"64 tokens, vocab hash {manifest['tokenizer']['vocab_sha256']} (bos 3, eos 2, pad 0, unk 1)" in out
+
+
+@pytest.mark.parametrize("shuffle,eos,rc,words", [
+    (False, "[EOS]", 0, None),
+    (True, "[EOS]", 1, "differs from the one the critic was trained under: vocabulary 64 tokens"),
+    (False, "[BOS]", 0, "eos_token id 3 vs the seed's 2"),
+])
+def test_ppo_model_tokenizer_against_the_seed(tok_run, tmp_path, capsys, shuffle, eos, rc, words):
+    """--model-config (or --ppo-config's local model) with its tokenizer: another vocabulary is
+    an error, another special id a warning."""
+    step, _ = tok_run
+    model = tiny_tokenizer(tmp_path / "ppo-model", shuffle=shuffle, eos=eos)
+    shutil.copy(ckpt.StepPaths(step).hf_config, model / "config.json")
+    got, _, err = check(capsys, step, "--model-config", model)
+    assert got == rc, err
+    if words:
+        assert words in err
+    else:
+        assert err == ""

@@ -42,6 +42,8 @@ from rollouts import fileio
 from .. import checkpoint as ckpt
 from ..errors import UserError, closest, first_line
 from .dcp import dcp_metadata, read_dcp, scheduler_class
+from .tokenizer import describe as describe_tokenizer
+from .tokenizer import differences, fingerprint_of
 from .frameworks import (BIASED_TARGETS, FRAMEWORKS, HEAD, TARGETS, _describe_head, _describe_optimizer,
                          _describe_targets, _target_std, config_lines)
 
@@ -109,6 +111,8 @@ class SeedReport:
             lines.append(f"  config.json mean {norm['mean']:.6g}, std {norm['std']:g}: OpenRLHF applies "
                          "(value - mean) / std only with --normalize_reward / --reward.normalize_enable")
         lines.append(f"  trained on: {_describe_targets(f.get('targets'))}")
+        if self.kind == "step":
+            lines.append(f"  tokenizer: {describe_tokenizer(f.get('tokenizer_fingerprint'))}")
         if f.get("training_info"):
             info = f["training_info"]
             headline = ("val:loss", "val:explained_variance", "val:oracle_loss", "val:oracle_explained_variance")
@@ -170,6 +174,8 @@ def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: s
         _check_step(report, root, ppo_model, model_config, finite)
     else:
         _check_hf_folder(report, root, ppo_model, model_config, finite)
+    if model_config and report.ok:
+        _check_tokenizer(report, Path(model_config))
     if ppo is not None:
         from .ppo_config import compare
         step_config = ckpt.StepPaths(root).read_config() if report.kind == "step" else None
@@ -181,6 +187,25 @@ def check_seed(path: str | Path | None, target: str = "nemo-rl", model_config: s
         elif report.ok:
             check_quality(report, root, rollouts)
     return report
+
+
+def _check_tokenizer(report: SeedReport, model: Path) -> None:
+    """The PPO model's tokenizer (when its folder has one) against the seed's fingerprint."""
+    ppo = fingerprint_of(model if model.is_dir() else model.parent)
+    seed = report.facts.get("tokenizer_fingerprint")
+    if ppo is None:
+        return
+    if seed is None:
+        report.warn(f"{model}: has a tokenizer, the seed records none (random-init model or model.tokenizer unset), so "
+                    "they cannot be compared; train with model.tokenizer=<the PPO model's folder>")
+        return
+    errors, warnings = differences(seed, ppo)
+    for e in errors:
+        report.fail("tokenizer", f"the PPO model's tokenizer ({model}) differs from the one the critic was trained "
+                                 f"under: {e}; every token id means another string: retrain on rollouts tokenized "
+                                 "by the PPO model's tokenizer")
+    for w in warnings:
+        report.warn(f"the PPO model's tokenizer ({model}): {w}")
 
 
 QUALITY_LAM = 0.95
@@ -357,6 +382,8 @@ def _check_step(report: SeedReport, root: Path, ppo_config, ppo_config_path, fin
     own_params = expected_layout(own, "token", bias=has_bias)[1] if own is not None else _float_keys(shapes)
     _check_optimizer(report, p, own_params, {k: s for k, (s, _) in shapes.items()})
     report.facts["tokenizer"] = p.tokenizer_dir.is_dir()
+    report.facts["tokenizer_fingerprint"] = ((manifest or {}).get("tokenizer")
+                                             or (fingerprint_of(p.tokenizer_dir) if p.tokenizer_dir.is_dir() else None))
 
 
 def _check_strays(report: SeedReport, weights_root: Path) -> None:

@@ -1,0 +1,56 @@
+"""Tokenizer fingerprints: the critic only means something under the tokenizer its rollouts used.
+
+A seed records ``fingerprint(tokenizer)`` in its manifest (vocabulary size, special token ids
+and a hash of the whole vocabulary); ``seed check`` compares it with the PPO run's tokenizer
+(``--model-config`` or ``--ppo-config`` pointing at a local model folder). Another vocabulary
+means every token id the critic learned maps to another string: the warm start is garbage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+
+
+def fingerprint(tokenizer) -> dict:
+    """{vocab_size, special ids, vocab_sha256 (first 16 hex digits), class} of a HF tokenizer."""
+    vocab = tokenizer.get_vocab()
+    digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode()).hexdigest()[:16]
+    return {"vocab_size": len(vocab), "special_ids": {k: getattr(tokenizer, k, None) for k in SPECIAL},
+            "vocab_sha256": digest, "class": type(tokenizer).__name__}
+
+
+def fingerprint_of(folder: str | Path) -> dict | None:
+    """The fingerprint of the tokenizer saved in ``folder`` (no remote code), or None without one."""
+    p = Path(folder)
+    if not any((p / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
+                                           "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+    try:
+        return fingerprint(AutoTokenizer.from_pretrained(str(p), trust_remote_code=False))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def differences(seed: dict, ppo: dict) -> tuple[list[str], list[str]]:
+    """(errors, warnings) between the seed's fingerprint and the PPO run's."""
+    errors, warnings = [], []
+    if seed["vocab_sha256"] != ppo["vocab_sha256"] or seed["vocab_size"] != ppo["vocab_size"]:
+        errors.append(f"vocabulary {ppo['vocab_size']} tokens (hash {ppo['vocab_sha256']}) vs the seed's "
+                      f"{seed['vocab_size']} (hash {seed['vocab_sha256']})")
+    for key in SPECIAL:
+        a, b = seed["special_ids"].get(key), ppo["special_ids"].get(key)
+        if a != b:
+            warnings.append(f"{key.removesuffix('_id')} id {b} vs the seed's {a}")
+    return errors, warnings
+
+
+def describe(fp: dict | None) -> str:
+    if not fp:
+        return "unknown (no tokenizer recorded: a random-init model or model.tokenizer unset)"
+    ids = ", ".join(f"{k.removesuffix('_token_id')} {v}" for k, v in fp["special_ids"].items() if v is not None)
+    return f"{fp['class']}, {fp['vocab_size']} tokens, vocab hash {fp['vocab_sha256']}" + (f" ({ids})" if ids else "")
