@@ -206,9 +206,16 @@ class TrainConfig:
     CI) a log line every `progress_every_s` seconds instead of bar redraws."""
     progress_every_s: float = 30.0
     """Without a terminal: seconds between progress lines (step, loss, EV, tokens/s, ETA)."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Experiment trackers, through accelerate, with `metrics.jsonl`'s names and steps:
+    `tensorboard` (events in `<output_dir>/tensorboard`), `wandb` (a re-run of the same command
+    continues the same W&B run; `WANDB_MODE=offline` works), `mlflow` (`<output_dir>/mlruns`
+    unless `MLFLOW_TRACKING_URI` is set), or any other accelerate tracker name. `[]`: none.
+    `metrics.jsonl` is always written and is the source of truth."""
+    tracker_project: str = "critic-pretrain"
+    """W&B project / MLflow experiment of the run (the run itself is named after `output_dir`)."""
     tensorboard: bool = True
-    """Also write metrics as TensorBoard events to `<output_dir>/tensorboard` (when the
-    tensorboard package is installed)."""
+    """Deprecated, use `report_to`: false drops `tensorboard` from it."""
     stop_when: StopConfig = field(default_factory=StopConfig)
     """Optional early stop on a validation metric; the run saves a final checkpoint."""
     freeze_backbone_steps: int = 0
@@ -483,6 +490,8 @@ def check_values(cfg: Config) -> None:
         need(0 < cfg.data.max_length <= cfg.data.max_tokens,
              f"data.max_length={cfg.data.max_length} must be in (0, data.max_tokens={cfg.data.max_tokens}]: "
              "a rollout must fit into one micro-batch")
+    need(all(isinstance(t, str) and t for t in cfg.train.report_to),
+         f"train.report_to={cfg.train.report_to} must be a list of tracker names, e.g. [tensorboard, wandb]")
     need(cfg.train.progress_every_s >= 0, f"train.progress_every_s={cfg.train.progress_every_s} must be >= 0")
     need(cfg.data.recency_half_life is None or cfg.data.recency_half_life > 0,
          f"data.recency_half_life={cfg.data.recency_half_life} must be > 0 (policy versions), or null for no "

@@ -54,22 +54,21 @@ def summarize(sums: torch.Tensor, prefix: str) -> dict[str, float]:
 
 
 class MetricsLog:
-    """Append-only ``metrics.jsonl``; one JSON object per logged step, mirrored to
-    TensorBoard events in ``tensorboard_dir`` when given and tensorboard is installed.
+    """Append-only ``metrics.jsonl``; one JSON object per logged step, mirrored to the
+    experiment trackers (``mirror``: ``accelerator.log``, see ``tracking.py``) with the same
+    names and steps.
 
     A resumed run first drops lines logged after its checkpoint's step (the preempted run
     got further than its last save), so every step appears once.
     """
 
     def __init__(self, path: str | os.PathLike, *, resume_step: int | None, enabled: bool = True,
-                 tensorboard_dir: str | os.PathLike | None = None):
+                 mirror: Callable[..., None] | None = None):
         self.path = Path(path)
         self.enabled = enabled
-        self._tb = None
+        self.mirror = mirror
         if not enabled:
             return
-        if tensorboard_dir is not None:
-            self._tb = _tensorboard_writer(tensorboard_dir, resume_step)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
             self.path.write_text("")
@@ -84,26 +83,14 @@ class MetricsLog:
             return
         self._f.write(fileio.dumps(record) + "\n")  # NaN -> null, tensors -> numbers
         self._f.flush()
-        if self._tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, record["step"])
+        if self.mirror is not None:
+            scalars = {k: float(v) for k, v in record.items()
+                       if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+            self.mirror(scalars, step=record["step"])
 
     def close(self) -> None:
         if self.enabled:
             self._f.close()
-            if self._tb is not None:
-                self._tb.close()
-
-
-def _tensorboard_writer(folder, resume_step: int | None):
-    """A SummaryWriter, or None without tensorboard. ``purge_step`` hides events an interrupted
-    run logged after the checkpoint it resumes from."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(str(folder), purge_step=resume_step + 1 if resume_step is not None else None)
 
 
 class StopRule:

@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain import faults, parallel
+from critic_pretrain import faults, parallel, tracking
 from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
 from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
                                   source_files, step_batches, to_device)
@@ -169,12 +169,15 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
         mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     # A rank that dies mid-collective must not leave the others waiting forever.
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.train.collective_timeout_s))
-    accelerator = Accelerator(mixed_precision=mp, kwargs_handlers=[timeout])
+    out = Path(cfg.output_dir)
+    report_to = [t for t in cfg.train.report_to if cfg.train.tensorboard or t != "tensorboard"]
+    trackers = tracking.build(report_to, out, cfg.train.tracker_project)  # start once the resume step is known
+    accelerator = Accelerator(mixed_precision=mp, kwargs_handlers=[timeout], log_with=trackers or None,
+                              project_dir=str(out))
     is_main = accelerator.is_main_process
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
     layout = Layout(accelerator.num_processes, accelerator.process_index, cfg.train.grad_accum)
-    out = Path(cfg.output_dir)
     lock = ckpt.lock_output_dir(out) if is_main else None  # one run per output_dir, held until exit
     if lock is not None and cleanup is not None:
         cleanup.callback(lock.close)
@@ -243,8 +246,9 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
         for rec in read_metrics(out / "metrics.jsonl"):
             if rec.get("step", 1 << 62) <= prog.step and any(k.startswith("val/") for k in rec):
                 stop_rule.update(rec)
+    tracking.start(accelerator, trackers, cfg.train.tracker_project, cfg.to_dict(), resume_step, out)
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
-                         tensorboard_dir=out / "tensorboard" if cfg.train.tensorboard else None)
+                         mirror=accelerator.log if trackers else None)
     tokenizer = _load_tokenizer(cfg)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
                prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,

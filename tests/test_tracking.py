@@ -1,0 +1,72 @@
+"""tracking.py: trackers through accelerate (TensorBoard, W&B offline), the same names and steps
+as metrics.jsonl, and a re-run that continues the same W&B run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_overrides, train_main
+from critic_pretrain.metrics import read_metrics
+
+
+def test_wandb_offline_run_continues_across_reruns(toy_data, tmp_path, monkeypatch):
+    """Every metrics.jsonl record reaches W&B with its names and step (recorded at wandb's own
+    Run.log); a re-run continues the same run id; TensorBoard events are written too."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sent: list[tuple[int, dict]] = []
+    real_log = wandb.sdk.wandb_run.Run.log
+
+    def log(self, data, step=None, **kw):
+        sent.append((step, dict(data)))
+        return real_log(self, data, step=step, **kw)
+
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", log)
+    out = tmp_path / "run"
+    args = tiny_overrides(out, toy_data, **{"train.max_steps": 4, "checkpoint.save_every": 2, "eval.every": 2,
+                                            "train.report_to": "[tensorboard, wandb]"})
+    assert train_main(args) == 0
+    first = json.loads((out / "trackers.json").read_text())["wandb"]
+    assert train_main(args + ["checkpoint.load_step=2"]) == 0  # the same command, resumed from step_2
+    assert json.loads((out / "trackers.json").read_text())["wandb"] == first
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(first) and list(r.glob("run-*.wandb")) for r in runs)
+    # The resumed run re-logged steps 3-4: what W&B got last for each step is metrics.jsonl's record.
+    got: dict[int, dict] = {}
+    for step, data in sent:
+        got.setdefault(step, {}).update(data)
+    for rec in read_metrics(out / "metrics.jsonl"):
+        for key, value in rec.items():
+            if key != "step" and isinstance(value, float):
+                assert got[rec["step"]][key] == pytest.approx(value, rel=1e-9), (rec["step"], key)
+    assert {3, 4} <= {step for step, _ in sent[len(sent) // 2:]}
+    assert list((out / "tensorboard").glob("events.*"))
+
+
+def test_no_trackers_and_unknown_ones(toy_data, tmp_path, capsys):
+    out = tmp_path / "none"
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 2, "train.report_to": "[]"})) == 0
+    assert not (out / "tensorboard").exists() and not (out / "trackers.json").exists()
+    capsys.readouterr()
+    assert train_main(tiny_overrides(tmp_path / "bad", toy_data, **{"train.report_to": "[wandbb]"})) == 2
+    err = capsys.readouterr().err
+    assert "unknown tracker 'wandbb' (did you mean 'wandb'?)" in err and "Traceback" not in err
+
+
+def test_flat_config_for_hparams():
+    from critic_pretrain.tracking import flat
+    assert flat({"a": {"b": 1, "c": [1, 2], "d": None}, "e": "x"}) == {"a.b": 1, "a.c": "[1, 2]", "a.d": "null",
+                                                                        "e": "x"}
+
+
+def test_tensorboard_false_still_drops_it(toy_data, tmp_path):
+    """The deprecated train.tensorboard=false keeps working (old configs and commands)."""
+    out = tmp_path / "tb"
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 2, "train.tensorboard": False})) == 0
+    assert not (out / "tensorboard").exists()
+    assert Path(out / "metrics.jsonl").is_file()
