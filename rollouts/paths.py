@@ -1,8 +1,15 @@
-"""Turn user path specs (files, folders, globs, lists of these) into a sorted file list."""
+"""Turn user path specs (files, folders, globs, lists of these) into a sorted file list.
+
+Hugging Face datasets count as rollout archives too: a ``Dataset.save_to_disk`` folder, an
+``hf:NAME[:SPLIT]`` spec (``datasets.load_dataset`` from the local cache; set
+``HF_DATASETS_OFFLINE=1`` where there is no network) and, from Python, a ``datasets.Dataset``
+itself. Each resolves to its Arrow files, which the reader memory-maps (zero-copy).
+"""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 from pathlib import Path
 from typing import Iterable
@@ -33,11 +40,16 @@ def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
     Order is sorted within each spec and follows the spec order across specs, so the same
     arguments always give the same list. A spec matching nothing is an error.
     """
-    if isinstance(specs, (str, os.PathLike)):
+    if isinstance(specs, (str, os.PathLike)) or _is_dataset(specs):
         specs = [specs]
     out: list[Path] = []
     seen: set[Path] = set()
     for spec in specs:
+        if _is_dataset(spec) or (isinstance(spec, str) and spec.startswith(HF_PREFIX)):
+            found = dataset_files(spec)
+            out += [f for f in found if f.resolve() not in seen]
+            seen.update(f.resolve() for f in found)
+            continue
         s = os.fspath(spec)
         if not s:
             raise RolloutError("empty path given for rollouts; pass a file, folder or glob")
@@ -54,7 +66,9 @@ def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
             matches = [p]
         found: list[Path] = []
         for m in matches:
-            if m.is_dir():
+            if m.is_dir() and (saved := saved_dataset_files(m)) is not None:
+                found += saved
+            elif m.is_dir():
                 found += _walk(m, suffixes)
             elif m.is_file() and not m.name.endswith(".tmp"):
                 found.append(m)
@@ -66,6 +80,54 @@ def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
                 seen.add(key)
                 out.append(f)
     return out
+
+
+HF_PREFIX = "hf:"
+
+
+def saved_dataset_files(folder: Path) -> list[Path] | None:
+    """The Arrow files of a ``Dataset.save_to_disk`` folder (from its state.json), or None."""
+    if (folder / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in folder.iterdir() if (p / "state.json").is_file())
+        raise RolloutError(f"{folder}: a saved DatasetDict; pass one split's folder, e.g. "
+                           f"{folder / (splits[0] if splits else 'train')}")
+    if not ((folder / "state.json").is_file() and (folder / "dataset_info.json").is_file()):
+        return None
+    try:
+        files = [folder / f["filename"] for f in json.loads((folder / "state.json").read_text())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RolloutError(f"{folder}: state.json of a saved dataset is unreadable ({e}); save it again") from None
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        raise RolloutError(f"{folder}: saved dataset without {missing[0].name}; copy the whole folder again")
+    return files
+
+
+def _is_dataset(obj) -> bool:
+    return type(obj).__name__ == "Dataset" and type(obj).__module__.startswith("datasets")
+
+
+def dataset_files(spec) -> list[Path]:
+    """Arrow files behind a ``datasets.Dataset`` or an ``hf:NAME[:SPLIT]`` spec (default split
+    ``train``, loaded from the local datasets cache)."""
+    if isinstance(spec, str):
+        import datasets
+
+        name, _, split = spec[len(HF_PREFIX):].partition(":")
+        try:
+            spec = datasets.load_dataset(name, split=split or "train")
+        except Exception as e:  # datasets raises assorted errors (not cached, offline, no such split)
+            raise RolloutError(f"{spec}: cannot load it from the datasets cache ({str(e).splitlines()[0][:200]}); "
+                               "download it once with network, or save it with Dataset.save_to_disk and pass "
+                               "that folder") from None
+    if getattr(spec, "_indices", None) is not None:
+        raise RolloutError("the datasets.Dataset has an indices mapping (select/shuffle/filter): its Arrow files hold "
+                           "other rows; call .flatten_indices() first")
+    files = [Path(f["filename"]) for f in spec.cache_files]
+    if not files:
+        raise RolloutError("the datasets.Dataset lives in memory only (no Arrow files to map); save it with "
+                           ".save_to_disk(PATH) and pass PATH")
+    return files
 
 
 def _walk(root: Path, suffixes: tuple[str, ...]) -> list[Path]:

@@ -188,13 +188,14 @@ class RolloutReader:
             return self._file_problem(Problem(name, None, None, "empty file (0 bytes)",
                                               "delete it or re-export the shard", kind="empty_file"))
         try:
-            pf = pq.ParquetFile(path, memory_map=False, buffer_size=1 << 20, pre_buffer=False)
+            source = _open(path, self.batch_rows)
         except (pa.ArrowException, OSError) as e:
-            return self._file_problem(Problem(name, None, None, f"not a readable parquet file ({_short(e)})",
+            kind = "Arrow stream (a datasets file)" if path.suffix == ".arrow" else "parquet file"
+            return self._file_problem(Problem(name, None, None, f"not a readable {kind} ({_short(e)})",
                                               "the shard is truncated or corrupt: re-copy or re-export it",
                                               kind="corrupt_file"))
-        with pf:
-            sch = pf.schema_arrow
+        with source:
+            sch = source.schema
             bad_schema = check_schema(name, sch)
             if bad_schema:
                 self.summary.bad_files += 1
@@ -202,7 +203,7 @@ class RolloutReader:
                     self.summary.problems[p.kind] += 1
                     self._report(p)
                 return
-            if pf.metadata.num_rows == 0:
+            if source.num_rows == 0:
                 return self._file_problem(Problem(name, None, None, "empty file (no rows)",
                                                   "delete it or re-export the shard", kind="empty_file"))
             self.summary.extra_columns.update(n for n in sch.names if n not in _SCHEMA_NAMES)
@@ -210,7 +211,7 @@ class RolloutReader:
             if self.columns is not None:
                 columns = [c for c in sch.names if c in set(self.columns) | _NEEDED]
             offset = 0
-            it = pf.iter_batches(batch_size=self.batch_rows, columns=columns)
+            it = source.batches(columns)
             while True:
                 try:
                     batch = next(it)
@@ -228,6 +229,50 @@ class RolloutReader:
                 offset += batch.num_rows
                 if len(res.rows):
                     yield path, res.rows, res.batch
+
+
+class _Parquet:
+    """A parquet shard: schema, row count and batches of ``batch_rows`` (bounded memory)."""
+
+    def __init__(self, path: Path, batch_rows: int):
+        self.pf = pq.ParquetFile(path, memory_map=False, buffer_size=1 << 20, pre_buffer=False)
+        self.schema, self.num_rows, self.batch_rows = self.pf.schema_arrow, self.pf.metadata.num_rows, batch_rows
+
+    def batches(self, columns):
+        return self.pf.iter_batches(batch_size=self.batch_rows, columns=columns)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.pf.close()
+
+
+class _ArrowStream:
+    """A Hugging Face datasets shard (Arrow IPC stream, memory-mapped: zero-copy), re-cut into
+    batches of at most ``batch_rows``."""
+
+    def __init__(self, path: Path, batch_rows: int):
+        self.source = pa.memory_map(str(path))
+        self.reader = pa.ipc.open_stream(self.source)
+        self.schema, self.num_rows, self.batch_rows = self.reader.schema, None, batch_rows
+
+    def batches(self, columns):
+        for batch in self.reader:
+            if columns is not None:
+                batch = batch.select(columns)
+            for start in range(0, batch.num_rows, self.batch_rows):
+                yield batch.slice(start, self.batch_rows)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.source.close()
+
+
+def _open(path: Path, batch_rows: int):
+    return (_ArrowStream if path.suffix == ".arrow" else _Parquet)(path, batch_rows)
 
 
 def _short(e: Exception) -> str:

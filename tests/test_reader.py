@@ -271,3 +271,50 @@ def test_cli_errors_are_one_line(tmp_path):
 def test_rollouts_package_does_not_import_torch():
     code = "import rollouts, rollouts.cli, rollouts.convert, rollouts.synth, sys; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_hugging_face_datasets_are_rollout_archives(tmp_path):
+    """A Dataset.save_to_disk folder, a datasets.Dataset and an hf:NAME spec (local cache) read
+    like parquet shards: the same rows, memory-mapped Arrow files; a Dataset with an indices
+    mapping or in memory only, and a DatasetDict folder, are one-line errors."""
+    import datasets
+
+    from conftest import toy_rows
+    from rollouts import RolloutError, RolloutReader, resolve, write_rows
+
+    rows = toy_rows(30)
+    write_rows(tmp_path / "pq", rows)
+    want = RolloutReader(tmp_path / "pq").read_all()
+    ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(str(tmp_path / "saved"))
+    loaded = datasets.load_from_disk(str(tmp_path / "saved"))
+    for spec in (tmp_path / "saved", loaded):
+        files = resolve(spec)
+        assert [f.suffix for f in files] == [".arrow"]
+        got = RolloutReader(spec).read_all()
+        assert got.column("input_ids").to_pylist() == want.column("input_ids").to_pylist()
+        assert got.column("reward").to_pylist() == want.column("reward").to_pylist()
+    with pytest.raises(RolloutError, match="flatten_indices"):
+        resolve(loaded.select([2, 1]))
+    with pytest.raises(RolloutError, match="in memory only"):
+        resolve(ds)
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "dict"))
+    with pytest.raises(RolloutError, match="pass one split's folder, e.g. .*dict/train"):
+        resolve(tmp_path / "dict")
+
+
+def test_hf_spec_reads_the_local_datasets_cache(tmp_path, monkeypatch):
+    """hf:NAME[:SPLIT] goes through datasets.load_dataset (offline here: a local parquet dataset
+    folder stands in for a cached Hub dataset)."""
+    import datasets
+
+    from conftest import toy_rows
+    from rollouts import RolloutError, RolloutReader, write_rows
+
+    write_rows(tmp_path / "hub" / "data", toy_rows(12))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    got = RolloutReader(f"hf:{tmp_path / 'hub'}:train").read_all()
+    assert got.num_rows == 12
+    with pytest.raises(RolloutError, match="cannot load it from the datasets cache"):
+        RolloutReader(f"hf:{tmp_path / 'nope'}")
+    assert datasets.__version__

@@ -126,3 +126,18 @@ def test_report_errors_are_one_line(tmp_path, capsys, case):
     assert err.startswith("error: ") and "\n" not in err, err
     assert {"missing": "no such run folder", "no_metrics": "no metrics.jsonl", "empty": "no records yet",
             "bad_eval_json": "no calibration table"}[case] in err
+
+
+def test_load_metrics_is_one_row_per_step(tmp_path):
+    """critic_pretrain.load_metrics: train and validation records of a step merged; NaN elsewhere."""
+    import math
+
+    from critic_pretrain import load_metrics
+
+    lines = [{"step": 0, "val/loss": 0.3}, {"step": 1, "train/loss": 0.5}, {"step": 2, "train/loss": 0.4},
+             {"step": 2, "val/loss": 0.2, "val/explained_variance": 0.1}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    df = load_metrics(tmp_path)
+    assert df["step"].tolist() == [0, 1, 2]
+    assert df.loc[2, "train/loss"] == 0.4 and df.loc[2, "val/loss"] == 0.2 and math.isnan(df.loc[1, "val/loss"])
+    assert df[["step", "val/loss"]].dropna()["step"].tolist() == [0, 2]
