@@ -40,7 +40,9 @@ from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
                                    position_limit, set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
-from critic_pretrain.interop.tokenizer import fingerprint
+from rollouts.tokenizer import differences as tokenizer_differences
+from rollouts.tokenizer import fingerprint
+from rollouts.tokenizer import recorded as tokenizer_recorded
 from critic_pretrain.targets import bootstrapped_returns
 from rollouts import fileio
 
@@ -202,6 +204,9 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
 
     # ---- data ---------------------------------------------------------------------------------
     hf_config = build_config(cfg.model)  # before the data: a model we cannot train fails in seconds
+    tokenizer = _load_tokenizer(cfg)
+    tokenizer_fp = fingerprint(tokenizer) if tokenizer is not None else None
+    check_data_tokenizer(cfg.data, tokenizer_fp)
     data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or out / "data_cache"),
                             main_first=accelerator.main_process_first, progress=is_main and cfg.train.progress,
                             model_limit=position_limit(hf_config), vocab_size=hf_config.vocab_size)
@@ -249,10 +254,9 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     tracking.start(accelerator, trackers, cfg.train.tracker_project, cfg.to_dict(), resume_step, out)
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
                          mirror=accelerator.log if trackers else None)
-    tokenizer = _load_tokenizer(cfg)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
                prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
-               tokenizer_fingerprint=fingerprint(tokenizer) if tokenizer is not None else None)
+               tokenizer_fingerprint=tokenizer_fp)
 
 
 def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
@@ -587,6 +591,22 @@ def _agree(flag: bool, accelerator) -> bool:
     if accelerator.num_processes == 1:
         return flag
     return bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "sum").item() > 0)
+
+
+def check_data_tokenizer(data_cfg, model_fp: dict | None) -> None:
+    """Rollouts converted with ``--tokenizer`` record its fingerprint (``_rollouts.json``): stop
+    before training when the model's tokenizer has another vocabulary."""
+    if model_fp is None:
+        return
+    for spec in [p for src in data_cfg.all_sources() for p in src.paths] + list(data_cfg.val or []):
+        folder = Path(str(spec))
+        recorded_fp = tokenizer_recorded(folder if folder.is_dir() else folder.parent)
+        errors = tokenizer_differences(recorded_fp, model_fp)[0] if recorded_fp else []
+        if errors:
+            what = errors[0].replace("the seed's", "the rollouts'")
+            raise UserError(f"{spec}: these rollouts were tokenized with another tokenizer than the model's (the "
+                            f"model's {what}); train with that tokenizer's model (model.tokenizer / "
+                            "model.name_or_path) or re-tokenize the rollouts")
 
 
 def _load_tokenizer(cfg: Config):

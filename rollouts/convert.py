@@ -815,6 +815,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the shards of a previous conversion in --out")
     p.add_argument("--keep-extra", action="store_true",
                    help="keep source fields that map to no schema column as extra columns")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="the tokenizer (or model folder) that produced the token ids: its fingerprint is recorded "
+                        "in OUT/_rollouts.json, and training stops if the model's tokenizer differs")
     g = p.add_argument_group("nemo-rl")
     g.add_argument("--reward-field", default="rewards", metavar="FIELD",
                    help="reward field (default rewards; with dynamic sampling maybe filtered_rewards)")
@@ -830,6 +833,13 @@ def run(args: argparse.Namespace) -> int:
     """``rollouts convert``: convert, print a one-line summary; 1 when nothing was written."""
     common = dict(keep_extra=args.keep_extra, shard_rows=args.shard_rows, on_bad=args.on_bad,
                   quarantine=args.quarantine, overwrite=args.overwrite, progress=_stderr)
+    tokenizer = None
+    if args.tokenizer:
+        from .tokenizer import fingerprint_of
+        tokenizer = fingerprint_of(args.tokenizer)
+        if tokenizer is None:
+            raise RolloutError(f"--tokenizer {args.tokenizer}: no loadable tokenizer there; pass the folder with "
+                               "tokenizer.json / tokenizer_config.json of the policy that generated the rollouts")
     if args.source == "nemo-rl":
         if args.map or args.prompt_field or args.response_field:
             raise RolloutError("--map/--prompt-field/--response-field are for --from generic; "
@@ -844,6 +854,11 @@ def run(args: argparse.Namespace) -> int:
         result = convert_generic(args.paths, args.out, mapping, prompt_field=args.prompt_field,
                                  response_field=args.response_field, **common)
     print(result.summary())
+    if tokenizer is not None and result.rows_written:
+        from .fileio import write_json
+        from .tokenizer import ROLLOUTS_MANIFEST
+        write_json(Path(result.out_dir) / ROLLOUTS_MANIFEST, {"generator": "rollouts.convert", "from": args.source,
+                                                              "tokenizer": tokenizer})
     if result.rows_skipped or result.bad_files:
         print(f"bad rows and files are listed in {result.quarantine}" if result.quarantine
               else "pass --quarantine FILE.jsonl to list every bad row")

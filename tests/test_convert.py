@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import math
 from pathlib import Path
 
@@ -385,3 +386,34 @@ def test_failed_overwrite_keeps_previous_conversion(tmp_path):
     with pytest.raises(RolloutError, match="train_data_step3.jsonl: row 1"):
         convert_nemo_rl(tmp_path / "logs", out, overwrite=True, shard_rows=1)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging folder, old shards intact
+
+
+def test_convert_records_the_tokenizer_and_training_checks_it(tmp_path, capsys, toy_data):
+    """--tokenizer: its fingerprint goes to OUT/_rollouts.json; training on those rollouts with a
+    model whose tokenizer has another vocabulary stops before step 1, the same one trains."""
+    from conftest import tiny_overrides, train_main
+    from rollouts.tokenizer import ROLLOUTS_MANIFEST, fingerprint_of
+    from test_interop_check import tiny_tokenizer
+
+    tok, other = tiny_tokenizer(tmp_path / "tok"), tiny_tokenizer(tmp_path / "other", shuffle=True)
+    src = write_jsonl(tmp_path / "dump.jsonl", GENERIC)
+    argv = ["convert", "--from", "generic", str(src), "--out", str(tmp_path / "out")]
+    for column, source_field in MAPPING.items():
+        argv += ["--map", f"{column}={source_field}"]
+    argv += ["--tokenizer", str(tok)]
+    assert cli(argv) == 0
+    recorded = json.loads((tmp_path / "out" / ROLLOUTS_MANIFEST).read_text())["tokenizer"]
+    assert recorded == fingerprint_of(tok)
+    with pytest.raises(RolloutError, match="no loadable tokenizer there"):
+        cli(argv[:-1] + [str(tmp_path)])
+
+    data = tmp_path / "data"  # training-sized rollouts converted with `tok`
+    shutil.copytree(toy_data, data)
+    shutil.copy(tmp_path / "out" / ROLLOUTS_MANIFEST, data / ROLLOUTS_MANIFEST)
+    capsys.readouterr()
+    assert train_main(tiny_overrides(tmp_path / "bad", data, **{"model.tokenizer": other, "train.max_steps": 1})) == 2
+    err = capsys.readouterr().err
+    assert "tokenized with another tokenizer than the model's" in err and "vs the rollouts' 64" in err
+    assert not (tmp_path / "bad" / "step_1").exists()
+    assert train_main(tiny_overrides(tmp_path / "good", data, **{"model.tokenizer": tok, "train.max_steps": 1,
+                                                                   "checkpoint.save_every": 1})) == 0

@@ -531,7 +531,7 @@ def tok_run(toy_data, tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_seed_records_its_tokenizer_fingerprint(tok_run, capsys):
-    from critic_pretrain.interop.tokenizer import fingerprint_of
+    from rollouts.tokenizer import fingerprint_of
 
     step, tok = tok_run
     manifest = json.loads((step / ckpt.MANIFEST).read_text())

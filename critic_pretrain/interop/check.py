@@ -42,8 +42,8 @@ from rollouts import fileio
 from .. import checkpoint as ckpt
 from ..errors import UserError, closest, first_line
 from .dcp import dcp_metadata, read_dcp, scheduler_class
-from .tokenizer import describe as describe_tokenizer
-from .tokenizer import differences, fingerprint_of
+from rollouts.tokenizer import describe as describe_tokenizer
+from rollouts.tokenizer import differences, fingerprint_of
 from .frameworks import (BIASED_TARGETS, FRAMEWORKS, HEAD, TARGETS, _describe_head, _describe_optimizer,
                          _describe_targets, _target_std, config_lines)
 

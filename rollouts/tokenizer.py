@@ -1,9 +1,11 @@
-"""Tokenizer fingerprints: the critic only means something under the tokenizer its rollouts used.
+"""Tokenizer fingerprints: token ids only mean something under the tokenizer that produced them.
 
-A seed records ``fingerprint(tokenizer)`` in its manifest (vocabulary size, special token ids
-and a hash of the whole vocabulary); ``seed check`` compares it with the PPO run's tokenizer
-(``--model-config`` or ``--ppo-config`` pointing at a local model folder). Another vocabulary
-means every token id the critic learned maps to another string: the warm start is garbage.
+``fingerprint(tokenizer)``: vocabulary size, special token ids and a hash of the whole
+vocabulary. It is recorded by ``rollouts convert --tokenizer`` (``_rollouts.json`` next to the
+shards), checked by training against the model's tokenizer, written into every checkpoint's
+manifest, and compared by ``seed check`` with the PPO run's tokenizer. Another vocabulary
+means every token id maps to another string: a critic trained across one is garbage.
+transformers is imported only by ``fingerprint_of`` (this package stays torch-free).
 """
 
 from __future__ import annotations
@@ -54,3 +56,15 @@ def describe(fp: dict | None) -> str:
         return "unknown (no tokenizer recorded: a random-init model or model.tokenizer unset)"
     ids = ", ".join(f"{k.removesuffix('_token_id')} {v}" for k, v in fp["special_ids"].items() if v is not None)
     return f"{fp['class']}, {fp['vocab_size']} tokens, vocab hash {fp['vocab_sha256']}" + (f" ({ids})" if ids else "")
+
+
+ROLLOUTS_MANIFEST = "_rollouts.json"
+"""Written next to converted shards: what produced them and the tokenizer's fingerprint."""
+
+
+def recorded(folder: str | Path) -> dict | None:
+    """The tokenizer fingerprint recorded with the rollouts in ``folder`` (``_rollouts.json``)."""
+    try:
+        return json.loads((Path(folder) / ROLLOUTS_MANIFEST).read_text()).get("tokenizer")
+    except (OSError, ValueError, AttributeError):
+        return None
