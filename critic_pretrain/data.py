@@ -578,15 +578,7 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
         rewards = flat("rewards", np.float32)
         cut = np.flatnonzero(store.lengths[rows] > lens)  # rollouts truncated at max_length
         if len(cut):
-            # The rewards past the cut are gone; the last kept policy token carries the rollout's
-            # return from there (its target), so GAE over the kept part bootstraps from the
-            # whole rollout's outcome rather than from 0.
-            mask = flat("loss_mask", np.int64)
-            targets = batch["targets"][0].numpy()
-            for r in cut:
-                policy = np.flatnonzero(mask[starts[r]:starts[r] + lens[r]])
-                if len(policy):
-                    rewards[starts[r] + policy[-1]] = targets[starts[r] + policy[-1]]
+            _return_at_cut(rewards, batch["targets"][0].numpy(), flat("loss_mask", np.int64), starts[cut], lens[cut])
         batch["rewards"] = torch.from_numpy(rewards)[None]
         batch["outcome"] = torch.from_numpy(t.column("outcome").to_numpy(zero_copy_only=False).astype(np.float32))
         for key, name in (("oracle", "oracle_values"), ("old_values", "values")):
@@ -599,6 +591,17 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
             vals[where] = pc.list_flatten(col.filter(pa.array(present))).to_numpy(zero_copy_only=False)
             batch[key] = torch.from_numpy(vals)[None]
     return batch
+
+
+def _return_at_cut(rewards: np.ndarray, targets: np.ndarray, mask: np.ndarray, starts: np.ndarray,
+                   lens: np.ndarray) -> None:
+    """In place: the rewards past a cut are gone, so the last kept policy token of each cut
+    rollout (packed ``starts`` / ``lens``) carries the rollout's return from there (its target):
+    GAE over the kept part then bootstraps from the whole rollout's outcome, not from 0."""
+    for start, n in zip(starts.tolist(), lens.tolist()):
+        policy = np.flatnonzero(mask[start:start + n])
+        if len(policy):
+            rewards[start + policy[-1]] = targets[start + policy[-1]]
 
 
 HOST_KEYS = ("seq_lens",)

@@ -105,6 +105,13 @@ class StopRule:
         self.best: float | None = None
         self.count = 0
 
+    def replay(self, path: str | os.PathLike, upto: int) -> None:
+        """Feed the rule the validation records a resumed run logged up to step ``upto``."""
+        if Path(path).is_file():
+            for rec in read_metrics(path):
+                if rec.get("step", 1 << 62) <= upto and any(k.startswith("val/") for k in rec):
+                    self.update(rec)
+
     def update(self, record: dict) -> str | None:
         c = self.cfg
         value = record.get(c.metric) if c.metric else None

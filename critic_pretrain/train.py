@@ -36,7 +36,7 @@ from critic_pretrain.data import (Layout, TrainData, build_train_data, file_mani
                                   source_files, step_batches, to_device)
 from critic_pretrain.errors import UserError, first_line
 from critic_pretrain.evaluate import evaluate
-from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read_metrics, summarize, value_sums
+from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, summarize, value_sums
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
                                    position_limit, set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
@@ -247,10 +247,8 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
         prog = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
     resume_step = prog.step if resume_dir else None
     stop_rule = StopRule(cfg.train.stop_when)
-    if resume_dir is not None and (out / "metrics.jsonl").is_file():  # replay the rule's history
-        for rec in read_metrics(out / "metrics.jsonl"):
-            if rec.get("step", 1 << 62) <= prog.step and any(k.startswith("val/") for k in rec):
-                stop_rule.update(rec)
+    if resume_dir is not None:
+        stop_rule.replay(out / "metrics.jsonl", prog.step)
     tracking.start(accelerator, trackers, cfg.train.tracker_project, cfg.to_dict(), resume_step, out)
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
                          mirror=accelerator.log if trackers else None)
