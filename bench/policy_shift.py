@@ -72,15 +72,12 @@ def main() -> None:
         step = train(work / name.replace(", ", "-").replace(" ", "-"), data, extra)
         for label, test in (("version 1", fresh_test), ("version 0", own_test)) if name.startswith("stale") \
                 else (("version 1", fresh_test),):
-            report = check_seed(step, rollouts=[str(test)])
-            q = report.facts.get("quality") or {}
-            from critic_pretrain.evaluate import evaluate_checkpoint
-            m = evaluate_checkpoint(step, [str(test)], cold_every=0)["metrics"]
+            report = check_seed(step, rollouts=[str(test)])  # one evaluation: its numbers are the facts
+            q = report.facts["quality"]
             verdict = "passes" if report.ok else "fails"
-            lines.append(f"| {name} | {label} | {q.get('critic', float('nan')):.3f} | {q.get('baseline', float('nan')):.3f} "
-                         f"| {m['eval/adv_corr_first_grpo']:.3f} | {m['eval/adv_corr_first_lam0']:.3f} | "
-                         f"{m['eval/explained_variance']:.3f} / {m['eval/ev_oracle_values']:.3f} | "
-                         f"{m['eval/ev_group_mean']:.3f} | {verdict} |")
+            lines.append(f"| {name} | {label} | {q['critic']:.3f} | {q['baseline']:.3f} | {q['grpo']:.3f} | "
+                         f"{q['td0']:.3f} | {q['explained_variance']:.3f} / {q['ceiling']:.3f} | "
+                         f"{q['ev_group_mean']:.3f} | {verdict} |")
             print(lines[-1], flush=True)
     text = ("Critics trained with configs/demo.yaml; scored on 1,600 fresh rollouts (correlations at turn-first "
             "tokens against the true one-step advantages).\n\n" + "\n".join(lines))

@@ -154,11 +154,13 @@ def batch_sums(values: torch.Tensor, batch: dict, row_stats: torch.Tensor, gamma
         estimates["oracle_values"] = oracle
         measured = measured & known
 
-    target = (outcome - baseline)[:, None]                            # [k, 1] outcome against its group
-    for name in TURN_ESTIMATORS:
-        if name in estimates:
-            pair[turn_index(name)] = turn_change_sums(estimates[name], first, target, measured)
-    seg = torch.repeat_interleave(torch.arange(k, device=dev), batch["seq_lens"].to(dev), output_size=policy.shape[0])
+    turns = turn_slots(first)                                         # one host sync
+    if turns is not None:
+        target = (outcome - baseline)[:, None]                        # [k, 1] outcome against its group
+        for name in TURN_ESTIMATORS:
+            if name in estimates:
+                pair[turn_index(name)] = turn_change_sums(estimates[name], *turns, target, measured)
+    seg = pr.token_seg                                                # [N] rollout of each token
     w = batch["weights"] * measured[seg][None]
     oracle_packed = batch["oracle"].nan_to_num() if oracle is not None else None
     if grouped:  # explained variance of the targets (and true values) by the leave-one-out group mean
@@ -176,19 +178,26 @@ def batch_sums(values: torch.Tensor, batch: dict, row_stats: torch.Tensor, gamma
     return pair, ev
 
 
-def turn_change_sums(values: torch.Tensor, first: torch.Tensor, target: torch.Tensor,
+def turn_slots(first: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(slot [k, W]: turn index at each turn-first token, else the spare column n_turns;
+    has_next [k, n_turns - 1]: the turn has a next one), or None when no rollout has two turns.
+    ``first``: [k, W] turn-first flags of the policy rows. One host sync (the turn count)."""
+    n_first = first.sum(1)                                            # [k] turns per rollout
+    n_turns = int(n_first.max()) if first.shape[0] else 0             # host sync
+    if n_turns < 2:
+        return None
+    slot = torch.where(first, first.long().cumsum(1) - 1, n_turns)
+    has_next = torch.arange(n_turns - 1, device=first.device)[None, :] < (n_first - 1)[:, None]
+    return slot, has_next
+
+
+def turn_change_sums(values: torch.Tensor, slot: torch.Tensor, has_next: torch.Tensor, target: torch.Tensor,
                      measured: torch.Tensor) -> torch.Tensor:
     """[6] pair sums of (value at the next turn's first token - value at this turn's, the
-    rollout's outcome against its group) over turns that have a next turn. ``values`` /
-    ``first``: [k, W] policy rows and their turn-first flags; ``target``: [k, 1]."""
-    k = values.shape[0]
-    n_first = first.sum(1)                                            # [k] turns per rollout
-    n_turns = int(n_first.max()) if k else 0                          # host sync
-    if n_turns < 2:
-        return torch.zeros(N_SUMS, dtype=torch.float64, device=values.device)
-    slot = torch.where(first, first.long().cumsum(1) - 1, n_turns)    # turn index at turn starts
+    rollout's outcome against its group) over turns that have a next turn. ``values``: [k, W]
+    policy rows; ``slot`` / ``has_next``: ``turn_slots``; ``target``: [k, 1]."""
+    k, n_turns = values.shape[0], has_next.shape[1] + 1
     v = torch.zeros(k, n_turns + 1, device=values.device).scatter_(1, slot, values)[:, :n_turns]
-    has_next = torch.arange(n_turns - 1, device=values.device)[None, :] < (n_first - 1)[:, None]
     return pair_terms(v[:, 1:] - v[:, :-1], target.expand(k, n_turns - 1), has_next & measured[:, None])
 
 

@@ -21,6 +21,7 @@ Flow:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -373,13 +374,13 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
     keys = (batch.column(key_src).cast(pa.string()) if key_src else
             pa.array([f"{path}:{r}" for r in rows], pa.string()))
     null_list = pa.nulls(n, pa.list_(pa.float32()))
-    oracle = _optional_padded(batch, "oracle_values", lengths)
+    has_oracle = "oracle_values" in names and batch.column("oracle_values").null_count < n
     cols = {
         "input_ids": ids, "loss_mask": batch.column("loss_mask"),
         "returns": as_list(ret), "rewards": as_list(rewards), "outcome": pa.array(outcome.numpy(), pa.float32()),
         "weight": weight, "split_key": keys,
-        "oracle_values": null_list if oracle is None else _oracle_in_target_units(
-            batch.column("oracle_values"), oracle, valid, transform, as_list),
+        "oracle_values": _oracle_in_target_units(batch, lengths, valid, transform, as_list) if has_oracle
+                         else null_list,
         "values": batch.column("values") if "values" in names else null_list,
         "source": pa.array(np.full(n, source, np.int16)),
         "policy_version": (batch.column("policy_version").cast(pa.int64()) if "policy_version" in names
@@ -388,30 +389,29 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
     return pa.RecordBatch.from_arrays([cols[f.name] for f in STORE_SCHEMA], schema=STORE_SCHEMA), sums
 
 
-def _oracle_in_target_units(column: pa.Array, oracle: torch.Tensor, valid: torch.Tensor,
+def _oracle_in_target_units(batch: pa.RecordBatch, lengths: np.ndarray, valid: torch.Tensor,
                             transform: RewardTransform, as_list) -> pa.Array:
     """The true values mapped like the rewards: ``scale * V + shift`` up to the outcome's
     position (the value still contains the outcome there), ``scale * V`` after it. A clipped
-    outcome has no such map, so the oracle is dropped (metrics against it would be wrong)."""
+    outcome has no such map, so the oracle is dropped (metrics against it would be wrong).
+    Only a non-identity map pads the column into a tensor."""
+    column = batch.column("oracle_values")
     if transform.clip_min is not None or transform.clip_max is not None:
         _warn_once("targets.reward_clip is set: oracle_values cannot be mapped to clipped reward units; "
                    "oracle metrics are left out")
         return pa.nulls(len(column), pa.list_(pa.float32()))
     if transform.scale == 1.0 and transform.shift == 0.0:
         return column.cast(pa.list_(pa.float32()))
+    oracle = _optional_padded(batch, "oracle_values", lengths)                          # [B, T]
     positions = torch.arange(1, valid.shape[1] + 1)
     before_outcome = positions[None, :] <= (valid * positions).amax(1, keepdim=True)  # [B, T]
     mapped = as_list(oracle * transform.scale + transform.shift * before_outcome)
     return pc.if_else(column.is_null(), pa.nulls(len(column), mapped.type), mapped)
 
 
-_WARNED: set[str] = set()
-
-
+@functools.cache
 def _warn_once(msg: str) -> None:
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        log.warning(msg)
+    log.warning(msg)
 
 
 def _optional_padded(batch: pa.RecordBatch, name: str, lengths: np.ndarray) -> torch.Tensor | None:

@@ -300,6 +300,8 @@ class PolicyRows:
     """[P] its position in the packed row."""
     mask: torch.Tensor
     """[k, W] bool: the column holds a policy token."""
+    token_seg: torch.Tensor
+    """[N] rollout of every token of the packed row."""
 
     @classmethod
     def of(cls, batch: dict, device: torch.device) -> "PolicyRows":
@@ -313,7 +315,7 @@ class PolicyRows:
         rank = (policy.long().cumsum(0) - 1)[index] - (counts.cumsum(0) - counts)[seg_p]
         width = int(counts.max()) if k else 0                         # host sync
         mask = torch.arange(width, device=device)[None, :] < counts[:, None]
-        return cls(seg_p, rank, index, mask)
+        return cls(seg_p, rank, index, mask, seg)
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """Packed [1, N] (or [N]) -> [k, W] float32, zeros past each rollout's policy tokens."""

@@ -39,6 +39,23 @@ def model(seed: int) -> torch.nn.Module:
     return build_value_model(ModelConfig(config=SYNTH_MODEL, head_std=0.5), init_head=True).eval()
 
 
+def store_of(synth_file: Path, tmp_path: Path, drop: tuple[str, ...] = (), **targets):
+    """(prepared store, its parquet file) of the synthetic rollouts, without the ``drop`` columns."""
+    path = synth_file
+    if drop:
+        path = tmp_path / "variant" / "part-0.parquet"
+        path.parent.mkdir()
+        pq.write_table(pq.read_table(synth_file).drop(list(drop)), path)
+    store = prepare_store([str(path)], tmp_path / "cache", DataConfig(), TargetsConfig(gamma=GAMMA, **targets),
+                          vocab_size=synth.VOCAB_SIZE)
+    return store, path
+
+
+def evaluate(critic: torch.nn.Module, store, **kw):
+    return evaluate_detailed(critic, store, np.arange(len(store)), max_tokens=1024, max_length=256,
+                             layout=Layout(1, 0, 1), device=torch.device("cpu"), **kw)
+
+
 def unpacked_values(m: torch.nn.Module, ids: list[int]) -> np.ndarray:
     """value[t] = head(hidden[t-1]), value[0] = 0 (docs/design.md), from one unpacked forward."""
     with torch.no_grad():
@@ -107,11 +124,9 @@ def corr(x, y) -> float:
 
 @pytest.mark.parametrize("scale,shift", [(1.0, 0.0), (2.0, -1.0)])
 def test_advantage_table_matches_per_rollout_reference(synth_file: Path, tmp_path: Path, scale, shift) -> None:
-    store = prepare_store([str(synth_file)], tmp_path, DataConfig(), TargetsConfig(
-        gamma=GAMMA, reward_scale=scale, reward_shift=shift), vocab_size=synth.VOCAB_SIZE)
+    store, _ = store_of(synth_file, tmp_path, reward_scale=scale, reward_shift=shift)
     critic, cold = model(0), model(1)
-    result = evaluate_detailed(critic, store, np.arange(len(store)), max_tokens=1024, max_length=256,
-                               layout=Layout(1, 0, 1), device=torch.device("cpu"), cold_model=cold, cold_every=1)
+    result = evaluate(critic, store, cold_model=cold, cold_every=1)
     pairs, turn_pairs, (ev_x, ev_y) = reference(synth_file, critic, cold, scale, shift)
     got = {(r["estimator"], r["lam"], r["tokens"]): r for r in result.advantages}
     assert set(got) == set(pairs)
@@ -131,33 +146,23 @@ def test_advantage_table_matches_per_rollout_reference(synth_file: Path, tmp_pat
 
 
 def test_without_oracle_reports_what_needs_none(synth_file: Path, tmp_path: Path) -> None:
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    pq.write_table(pq.read_table(synth_file).drop(["oracle_values"]), plain / "part-0.parquet")
-    store = prepare_store([str(plain)], tmp_path / "cache", DataConfig(), TargetsConfig(gamma=GAMMA),
-                          vocab_size=synth.VOCAB_SIZE)
+    store, path = store_of(synth_file, tmp_path, drop=("oracle_values",))
     critic = model(0)
-    result = evaluate_detailed(critic, store, np.arange(len(store)), max_tokens=1024, max_length=256,
-                               layout=Layout(1, 0, 1), device=torch.device("cpu"))
+    result = evaluate(critic, store)
     assert result.advantages == [] and not any("adv_corr" in k for k in result.metrics)
-    _, turn_pairs, (ev_x, ev_y) = reference(plain / "part-0.parquet", critic, critic, 1.0, 0.0, oracle=False)
+    _, turn_pairs, (ev_x, ev_y) = reference(path, critic, critic, 1.0, 0.0, oracle=False)
     assert result.metrics["val/turn_change_corr"] == pytest.approx(corr(*turn_pairs["critic"]), abs=1e-4)
     assert result.metrics["val/ev_group_mean"] == pytest.approx(1 - np.var(ev_y - ev_x) / np.var(ev_y), abs=1e-5)
 
 
 def test_rollouts_without_groups_use_the_mean_over_all(synth_file: Path, tmp_path: Path) -> None:
     """No group_id: no group baseline to compare with; the outcome baseline is the mean of all rollouts."""
-    d = tmp_path / "nogroup"
-    d.mkdir()
-    pq.write_table(pq.read_table(synth_file).drop(["group_id"]), d / "part-0.parquet")
-    store = prepare_store([str(d)], tmp_path / "cache", DataConfig(), TargetsConfig(gamma=GAMMA),
-                          vocab_size=synth.VOCAB_SIZE)
+    store, _ = store_of(synth_file, tmp_path, drop=("group_id",))
     stats = advantage.GroupStats.of(store, np.arange(len(store)))
     assert not stats.grouped
     outcome = store.table.column("outcome").to_numpy()
     assert list(stats.loo_mean.values()) == pytest.approx([float(outcome.mean())] * len(store))
-    result = evaluate_detailed(model(0), store, np.arange(len(store)), max_tokens=1024, max_length=256,
-                               layout=Layout(1, 0, 1), device=torch.device("cpu"))
+    result = evaluate(model(0), store)
     assert "val/ev_group_mean" not in result.metrics and result.advantages
 
 
@@ -201,8 +206,7 @@ def ckpt_model(step: Path, cfg) -> torch.nn.Module:
 
 
 def test_store_keeps_rewards_and_outcome(synth_file: Path, tmp_path: Path) -> None:
-    store = prepare_store([str(synth_file)], tmp_path, DataConfig(), TargetsConfig(gamma=GAMMA),
-                          vocab_size=synth.VOCAB_SIZE)
+    store, _ = store_of(synth_file, tmp_path)
     rows = pq.read_table(synth_file).to_pylist()
     for i in (0, 7):
         mask = np.array(rows[i]["loss_mask"], np.float64)
@@ -214,10 +218,8 @@ def test_store_keeps_rewards_and_outcome(synth_file: Path, tmp_path: Path) -> No
 
 
 def test_ev_ceiling_is_the_true_values_explained_variance(synth_file: Path, tmp_path: Path) -> None:
-    store = prepare_store([str(synth_file)], tmp_path, DataConfig(), TargetsConfig(gamma=GAMMA),
-                          vocab_size=synth.VOCAB_SIZE)
-    result = evaluate_detailed(model(0), store, np.arange(len(store)), max_tokens=1024, max_length=256,
-                               layout=Layout(1, 0, 1), device=torch.device("cpu"))
+    store, _ = store_of(synth_file, tmp_path)
+    result = evaluate(model(0), store)
     y, x = [], []
     for i in range(len(store)):
         mask = np.array(store.table.column("loss_mask")[i].as_py()) == 1
