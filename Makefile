@@ -10,7 +10,7 @@
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS     ?= test,report
+EXTRAS     ?= test
 PYTEST_ARGS ?=
 
 BIN   := $(VENV)/bin

@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rollouts import fileio
 
 from . import faults
-from .errors import UserError
+from .errors import UserError, require
 from .interop.dcp import UntrustedContent, dcp_load, distributed, single_process_ok
 from .model import write_value_config
 from .selection import ranked
@@ -234,13 +234,9 @@ CHECKSUM = "xxh3_128"
 
 
 def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
-    """xxh3-128 of the file's bytes (xxhash ships with datasets; blake2b if it is missing)."""
-    try:
-        import xxhash
-        h = xxhash.xxh3_128()
-    except ImportError:  # pragma: no cover
-        import hashlib
-        h = hashlib.blake2b(digest_size=16)
+    """xxh3-128 of the file's bytes (no fallback hash: a digest that differs by machine would
+    call a sound checkpoint corrupted)."""
+    h = require("xxhash", "checkpoint checksums").xxh3_128()  # a dependency of critic-pretrain
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)

@@ -15,13 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
 
 from rollouts.cli import run_command
-
-from .errors import UserError
-
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 
 # command -> (module with main(argv), one-line help)
 COMMANDS = {
@@ -39,9 +34,7 @@ COMMANDS = {
 
 def _run_module(name: str, argv: list[str]) -> int:
     if name is None:  # demo
-        if not DEMO_CONFIG.is_file():
-            raise UserError(f"{DEMO_CONFIG} not found: run the demo from a checkout of critic-pretrain")
-        name, argv = "critic_pretrain.train", ["--config", str(DEMO_CONFIG), *argv]
+        name, argv = "critic_pretrain.train", ["--config", "demo", *argv]  # the bundled configs/demo.yaml
     return importlib.import_module(name).main(argv)
 
 

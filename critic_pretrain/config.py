@@ -334,13 +334,35 @@ def refused_changes(changes: list[tuple[str, Any, Any]], allowed: list[str]) -> 
 # ---------------------------------------------------------------------------------------------
 # Loading
 
+def bundled_configs() -> Path:
+    """The shipped ``configs/`` folder: inside the installed package (a wheel carries it as
+    ``critic_pretrain/configs``), or the checkout's own folder (an editable install)."""
+    here = Path(__file__).resolve().parent
+    return here / "configs" if (here / "configs").is_dir() else here.parent / "configs"
+
+
+def find_config(path: str | os.PathLike) -> Path:
+    """``path`` when it is a file; else the bundled config it names: ``demo``, ``qwen2.5-1.5b.yaml``,
+    ``configs/demo.yaml`` run outside a checkout (a relative path, ``.yaml`` optional)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    rel = Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else p
+    if not p.is_absolute() and rel.parts:
+        for shipped in (bundled_configs() / rel, bundled_configs() / rel.with_name(rel.name + ".yaml")):
+            if shipped.is_file():
+                return shipped
+    known = ", ".join(sorted(q.stem for q in bundled_configs().glob("*.yaml")))
+    raise UserError(f"{path}: config file not found; pass --config FILE.yaml or a bundled config ({known})")
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
                 base: dict | None = None) -> Config:
-    """Read a YAML file (or start from defaults), apply ``key=value`` overrides, validate."""
+    """Read a YAML file (a path, or the name of a bundled config: ``demo``) or start from
+    defaults, apply ``key=value`` overrides, validate."""
     raw: dict = dict(base or {})
     if path is not None:
-        raw = read_yaml_mapping(path, missing="config file not found; pass --config configs/<name>.yaml",
-                                expected="a mapping of config keys")
+        raw = read_yaml_mapping(find_config(path), missing="config file not found", expected="a mapping of config keys")
     for item in overrides:
         apply_override(raw, item)
     cfg = _build(Config, raw, "")

@@ -5,6 +5,6 @@ One shape for both packages: ``UserError`` lives in the torch-free data layer
 that names file, row and column).
 """
 
-from rollouts.errors import Problem, RolloutError, UserError, closest, did_you_mean, first_line
+from rollouts.errors import Problem, RolloutError, UserError, closest, did_you_mean, first_line, require
 
-__all__ = ["Problem", "RolloutError", "UserError", "closest", "did_you_mean", "first_line"]
+__all__ = ["Problem", "RolloutError", "UserError", "closest", "did_you_mean", "first_line", "require"]

@@ -12,7 +12,10 @@ that shift, also inside packed batches where each sequence starts at ``position_
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
+import inspect
 import logging
 from pathlib import Path
 
@@ -76,13 +79,52 @@ LEGACY_CONFIG_KEYS = frozenset({"rope_theta", "rope_scaling", "rope_type", "part
 
 def check_config_keys(default: PretrainedConfig, keys) -> None:
     """An unknown ``model.config`` key is a typo until proven otherwise: transformers would
-    store it and silently build the default (a `hiden_size` trains a 4096-wide model)."""
-    known = set(dir(default)) | set(default.to_dict()) | set(getattr(default, "attribute_map", {})) | LEGACY_CONFIG_KEYS
+    store it and silently build the default (a `hiden_size` trains a 4096-wide model). Known:
+    the config class's fields and the optional ones its modeling code reads (Qwen2's `head_dim`)."""
+    known = (set(dir(default)) | set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
+             | LEGACY_CONFIG_KEYS | modeling_keys(type(default)))
     for key in keys:
         if key not in known:
             hint = did_you_mean(key, (k for k in known if not k.startswith("_")), list_known=False)
             raise UserError(f"model.config.{key}: {type(default).__name__} has no such field; "
                             f"{hint or 'check the spelling against the model config.json'}")
+
+
+@functools.cache
+def modeling_keys(config_class: type) -> frozenset[str]:
+    """Config attributes the family's modeling code reads, declared or not: ``config.X`` and
+    ``getattr(config, "X", default)`` (parsed, so comments and strings do not count) in the module of its token-classification class and in the
+    RoPE helpers every family calls. Reading the source (not a list per family) keeps this right
+    for families and transformers releases we have not seen."""
+    import transformers.modeling_rope_utils as rope
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
+
+    model_class = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING.get(config_class, None)
+    modules = [rope] + ([inspect.getmodule(model_class)] if model_class is not None else [])
+    keys: set[str] = set()
+    for module in modules:
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):  # no source shipped (a frozen install): declared fields only
+            continue
+        keys.update(_config_reads(ast.parse(source)))
+    return frozenset(keys)
+
+
+def _is_config(node: ast.AST) -> bool:
+    """``config`` or ``self.config``."""
+    return (isinstance(node, ast.Name) and node.id == "config") or (
+        isinstance(node, ast.Attribute) and node.attr == "config")
+
+
+def _config_reads(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_config(node.value):
+            yield node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and _is_config(node.args[0]) and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str)):
+            yield node.args[1].value
 
 
 def check_config(config: PretrainedConfig, where: str, remote_code: bool = False) -> None:

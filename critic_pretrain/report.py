@@ -38,7 +38,7 @@ import numpy as np
 
 from rollouts import fileio
 
-from .errors import UserError
+from .errors import UserError, require
 from .metrics import read_metrics
 from .selection import best
 
@@ -488,6 +488,7 @@ def figures(runs: list[RunData], calibrations: dict[str, dict | None], extra: di
 def write_report(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, *, evaluate: bool = True,
                  eval_jsons: list[str] = ()) -> tuple[list[Path], str]:
     """Write the PNGs and ``report.md`` to ``out_dir``; returns (files written, summary text)."""
+    require("matplotlib", "critic-pretrain report (its PNG figures)")
     runs = load_runs(list(run_dirs))
     extra = {Path(p).stem: read_eval_json(p) for p in eval_jsons}
     out = Path(out_dir)

@@ -24,30 +24,37 @@ from .errors import UserError, did_you_mean
 IDS_FILE = "trackers.json"
 
 
+INSTALL = {"tensorboard": "tensorboard", "wandb": "'critic-pretrain[trackers]'",
+           "mlflow": "'critic-pretrain[trackers]'", "comet_ml": "comet-ml"}
+"""What ``pip install`` brings a tracker's package (others: the tracker's own name). TensorBoard
+is a dependency of critic-pretrain itself: it is the default."""
+
+
 def build(report_to: list[str], out: Path, project: str) -> list:
     """Tracker instances (or accelerate tracker names) for ``Accelerator(log_with=...)``.
 
-    Instances are created on every rank but start (and write) on the main process only."""
+    A tracker whose package is missing is a one-line error here, before step 1: accelerate
+    would drop it with a debug message and the run would log nowhere. Instances are created on
+    every rank but start (and write) on the main process only."""
     from accelerate import tracking
-    from accelerate.utils import is_mlflow_available, is_wandb_available
 
+    available = {t.value for t in tracking.get_available_trackers()}
     ids = read_ids(out)
     trackers: list = []
     for name in dict.fromkeys(report_to):
         if name not in tracking.LOGGER_TYPE_TO_CLASS:
             raise UserError(f"train.report_to: unknown tracker {name!r} "
                             f"({did_you_mean(name, tracking.LOGGER_TYPE_TO_CLASS)}); or [] for none")
+        if name not in available:
+            others = [t for t in report_to if t != name]
+            raise UserError(f"train.report_to has {name} but its package is not installed: pip install "
+                            f"{INSTALL.get(name, name)} (or leave it out: train.report_to=[{','.join(others)}])")
         if name == "tensorboard":
             trackers.append(tracking.TensorBoardTracker("tensorboard", str(out)))
         elif name == "wandb":
-            if not is_wandb_available():
-                raise UserError("train.report_to has wandb but the wandb package is not installed: pip install wandb "
-                                "(or pip install 'critic-pretrain[trackers]')")
             trackers.append(tracking.WandBTracker(project, id=ids.get("wandb") or uuid.uuid4().hex[:12],
                                                   resume="allow", dir=str(out), name=out.resolve().name))
         elif name == "mlflow":
-            if not is_mlflow_available():
-                raise UserError("train.report_to has mlflow but the mlflow package is not installed: pip install mlflow")
             trackers.append(tracking.MLflowTracker(project, logging_dir=str(out / "mlruns"), run_id=ids.get("mlflow"),
                                                    run_name=out.resolve().name))
         else:  # accelerate's own defaults (logging dir: output_dir)

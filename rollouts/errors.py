@@ -6,6 +6,7 @@ by the one command-line error handler (``error: <message>``, exit code 2).
 from __future__ import annotations
 
 import difflib
+import importlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -30,6 +31,16 @@ def first_line(e: BaseException, limit: int = 240) -> str:
         return type(e).__name__
     line = f"{text[0]} {text[1]}" if text[0].endswith(":") and len(text) > 1 else text[0]
     return line[:limit]
+
+
+def require(module: str, needed_for: str, install: str | None = None):
+    """``import module`` for a lazily imported package, or a one-line ``UserError`` that names
+    what needs it and the ``pip install`` that brings it (docs/install.md lists them all)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise UserError(f"{needed_for} needs the {module.partition('.')[0]} package, which is not importable "
+                        f"({first_line(e)}): pip install {install or module.partition('.')[0]}") from None
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from .errors import RolloutError
+from .errors import RolloutError, require
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _GLOB_CHARS = set("*?[")
@@ -111,8 +111,7 @@ def dataset_files(spec) -> list[Path]:
     """Arrow files behind a ``datasets.Dataset`` or an ``hf:NAME[:SPLIT]`` spec (default split
     ``train``, loaded from the local datasets cache)."""
     if isinstance(spec, str):
-        import datasets
-
+        datasets = require("datasets", f"the rollout source {spec!r}")
         name, _, split = spec[len(HF_PREFIX):].partition(":")
         try:
             spec = datasets.load_dataset(name, split=split or "train")

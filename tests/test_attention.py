@@ -51,6 +51,9 @@ FAMILIES = {
     # gpt-oss: attention sinks on every layer, alternating windows, MoE
     "gpt_oss": {**SMALL, "model_type": "gpt_oss", "sliding_window": W, "num_local_experts": 4,
                 "num_experts_per_tok": 2},
+    # Qwen2 with a head_dim the config class does not declare but Qwen2Attention reads (wider
+    # than hidden_size / heads = 8): packed attention must use the model's own head width
+    "qwen2+head_dim": {**SMALL, "model_type": "qwen2", "head_dim": 16},
     # outside SUPPORTED_FAMILIES: StableLM computes positions across a packed row, so the
     # start-up check switches it to right-padded rows (exact, slower)
     "stablelm": {**SMALL, "model_type": "stablelm"},
@@ -121,7 +124,7 @@ def test_family_trains_what_ppo_runs(family, toy_data, rows, rows_file, tmp_path
         ours = token_values(model, ids, pos, seq_lens=seq_lens)[0].double().numpy()
     want = np.concatenate(truth)
     np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
-    if family in SUPPORTED_FAMILIES:
+    if FAMILIES[family]["model_type"] in SUPPORTED_FAMILIES:
         assert model.config._attn_implementation == attention.NAME and model.packing == "packed"
     else:
         assert model.packing == "padded"

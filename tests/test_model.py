@@ -140,6 +140,8 @@ SMALL = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidd
     ({"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4},
      "names its head differently from 'score'"),
     ({**SMALL, "model_type": "qwen2", "hiden_size": 48}, "did you mean 'hidden_size'"),
+    ({**SMALL, "model_type": "qwen2", "head_dimm": 16}, "Qwen2Config has no such field; did you mean 'head_dim'"),
+    ({**SMALL, "model_type": "llama", "sliding_windw": 16}, "LlamaConfig has no such field"),
     ({**SMALL, "model_type": "openai_privacy_filter"}, "attends in both directions"),
     ({"model_type": "funnel", "num_hidden_layers": 3}, "transformers refuses this 'funnel' config"),
 ])
@@ -147,6 +149,29 @@ def test_models_we_cannot_train_fail_in_one_line(config, match):
     with pytest.raises(UserError, match=match) as e:
         build_config(ModelConfig(config=config))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "phi3", "starcoder2"])
+def test_keys_the_modeling_code_reads_are_accepted(model_type):
+    """Qwen2Config declares no head_dim, but Qwen2Attention reads ``getattr(config, "head_dim", ...)``:
+    the key check takes what the family's modeling source reads, and the model is built with it."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
+    assert "head_dim" not in AutoConfig.for_model(model_type).to_dict()  # undeclared: the case at hand
+    config = build_config(ModelConfig(config={**SMALL, "model_type": model_type, "head_dim": 16}))
+    with torch.device("meta"):
+        model = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING[type(config)](config)
+    o_proj = next(m for name, m in model.named_modules() if name.endswith("self_attn.o_proj"))
+    assert o_proj.in_features == 4 * 16  # heads x head_dim, not hidden_size (32)
+
+
+def test_modeling_keys_come_from_code_not_comments():
+    from transformers import AutoConfig
+
+    from critic_pretrain.model import modeling_keys
+    keys = modeling_keys(type(AutoConfig.for_model("qwen2")))
+    assert {"head_dim", "hidden_size", "num_key_value_heads", "rms_norm_eps"} <= keys
+    assert "json" not in keys  # "config.json" in a docstring is not a read
 
 
 def test_train_cli_refuses_in_one_line(toy_data, tmp_path, capsys):

@@ -58,6 +58,21 @@ def test_no_trackers_and_unknown_ones(toy_data, tmp_path, capsys):
     assert "unknown tracker 'wandbb' (did you mean 'wandb'?)" in err and "Traceback" not in err
 
 
+def test_requested_tracker_without_its_package_is_one_line_before_anything_is_written(toy_data, tmp_path, capsys):
+    """accelerate drops a tracker whose package is missing with a debug message; we refuse it
+    (mlflow and aim are not in the test extra: the packages are really absent)."""
+    import importlib.util
+    for name in ("mlflow", "aim"):
+        assert importlib.util.find_spec(name) is None, f"{name} is installed: this test needs it absent"
+        out = tmp_path / name
+        assert train_main(tiny_overrides(out, toy_data, **{"train.report_to": f"[tensorboard, {name}]"})) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "Traceback" not in err, err
+        assert f"train.report_to has {name} but its package is not installed: pip install" in err
+        assert "train.report_to=[tensorboard]" in err
+        assert not out.exists() or not any(out.iterdir())  # nothing written
+
+
 def test_flat_config_for_hparams():
     from critic_pretrain.tracking import flat
     assert flat({"a": {"b": 1, "c": [1, 2], "d": None}, "e": "x"}) == {"a.b": 1, "a.c": "[1, 2]", "a.d": "null",
