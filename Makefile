@@ -32,7 +32,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check critic_pretrain rollouts tests bench
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	TORCH_SPEC="$(TORCH_SPEC)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/targets.py

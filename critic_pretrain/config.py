@@ -34,7 +34,9 @@ class ModelConfig:
     model, see `init_from`). Empty means random init from `config`."""
     config: dict[str, Any] | None = None
     """Hugging Face config fields for a random-init backbone (needs `model_type`), or
-    overrides applied on top of `name_or_path`'s config."""
+    overrides applied on top of `name_or_path`'s config. A key must be a field of the family's
+    config class or one its modeling code reads (Qwen2's `head_dim`); anything else is refused
+    as a typo, with a did-you-mean."""
     tokenizer: str | None = None
     """Tokenizer folder or hub id, copied into `value/tokenizer/` of each checkpoint.
     Defaults to `name_or_path` when that folder holds tokenizer files."""
@@ -352,8 +354,12 @@ def find_config(path: str | os.PathLike) -> Path:
         for shipped in (bundled_configs() / rel, bundled_configs() / rel.with_name(rel.name + ".yaml")):
             if shipped.is_file():
                 return shipped
-    known = ", ".join(sorted(q.stem for q in bundled_configs().glob("*.yaml")))
-    raise UserError(f"{path}: config file not found; pass --config FILE.yaml or a bundled config ({known})")
+    raise UserError(f"{path}: config file not found; pass --config FILE.yaml or a bundled config "
+                    f"({', '.join(bundled_config_names())})")
+
+
+def bundled_config_names() -> list[str]:
+    return sorted(q.stem for q in bundled_configs().glob("*.yaml"))
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),

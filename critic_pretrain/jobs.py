@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .config import Config, load_config, read_yaml_mapping
+from .config import Config, bundled_config_names, find_config, load_config, read_yaml_mapping
 from rollouts import fileio
 
 from .errors import UserError, did_you_mean
@@ -175,9 +175,11 @@ def _config_path(value: Any, where: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise UserError(f"{where}: config must be a path to a run config YAML, got {value!r}")
-    if not Path(value).is_file():
-        raise UserError(f"{where}: config {value} not found (paths are relative to the current directory)")
-    return value
+    try:
+        return str(find_config(value))  # a file, or a bundled config's name (`demo`)
+    except UserError:
+        raise UserError(f"{where}: config {value} not found (paths are relative to the current directory; "
+                        f"bundled configs: {', '.join(bundled_config_names())})") from None
 
 
 def _signal_to(value: Any, where: str) -> str:
