@@ -41,6 +41,7 @@ from rollouts.errors import Quarantine
 from rollouts.paths import file_fingerprint, resolve
 
 from .config import DataConfig, SourceConfig, TargetsConfig
+from .errors import UserError
 from .targets import RewardTransform, compute_returns, token_level_rewards
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,6 @@ class RolloutStore:
     def set_recency(self, half_life: float, newest: float | None = None) -> dict:
         """Weigh each rollout ``0.5 ** (age / half_life)`` by its policy version's age behind
         ``newest`` (default: the newest in this store); returns what was applied (for the log)."""
-        from .errors import UserError
 
         version = pc.fill_null(self.table.column("policy_version").cast(pa.float64()), np.nan).to_numpy()
         if np.isnan(version).all():
@@ -163,6 +163,18 @@ class RolloutStore:
 
     def split_keys(self) -> list[str]:
         return self.table.column("split_key").to_pylist()
+
+    def policy_tokens(self, max_len: int) -> np.ndarray:
+        """[rows] policy tokens among each rollout's first ``max_len`` tokens: what training sees
+        after truncation. One pass over the loss masks, a record batch at a time."""
+        out, row = np.empty(len(self), np.int64), 0
+        for chunk in self.table.column("loss_mask").chunks:
+            lens = pc.list_value_length(chunk).to_numpy().astype(np.int64)
+            starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+            csum = np.concatenate([[0], np.cumsum(pc.list_flatten(chunk).to_numpy(), dtype=np.int64)])
+            out[row:row + len(chunk)] = csum[starts + np.minimum(lens, max_len)] - csum[starts]
+            row += len(chunk)
+        return out
 
 
 def _cache_key(files: list[tuple[int, Path]], sources: list[SourceConfig], data: DataConfig,
@@ -272,14 +284,12 @@ def _add_summary(stats: StoreStats, summary) -> None:
 def check_bad_fraction(stats: StoreStats, limit: float, name: str, quarantine: Path) -> None:
     """Stop instead of silently training on a sliver of the archive."""
     if stats.bad_fraction() > limit:
-        from .errors import UserError
         raise UserError(f"{name} data: {stats.bad_rows} bad rows and {stats.bad_files} bad files of {stats.files} "
                         f"({stats.bad_fraction():.1%} bad) is above data.max_bad_fraction={limit:g}; see {quarantine} "
                         "for each one, fix or remove them, or raise data.max_bad_fraction")
 
 
 def raise_empty(name: str, n_files: int, stats: StoreStats) -> None:
-    from .errors import UserError
     raise UserError(f"{name} data: no usable rollouts in {n_files} file(s) ({stats.bad_rows} bad rows, "
                     f"{stats.bad_files} bad files, {sum(stats.filtered.values())} filtered out, "
                     f"{stats.zero_weight_rows} with sample_weight 0); run `critic-pretrain rollouts check` on it")
@@ -351,7 +361,6 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
     token_rewards = _optional_padded(batch, "token_rewards", lengths)
     values = _optional_padded(batch, "values", lengths) if targets.values_from == "data" else None
     if targets.values_from == "data" and values is None:
-        from .errors import UserError
         raise UserError(f"{path}: targets.values_from=data but the rollouts have no 'values' column; "
                         "use rollouts with the collecting critic's values, or targets.lam=1.0")
     rewards = token_level_rewards(reward, token_rewards, mask, transform)              # [B, T]
@@ -436,12 +445,19 @@ def _progress(total: int, desc: str, enabled: bool):
 
 def split_by_group(keys: list[str], val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """(train indices, val indices). A key's side depends only on the key (stable hash), so
-    adding sources never moves existing rollouts across the split."""
+    adding sources never moves existing rollouts across the split. With two or more groups
+    each side gets at least one: when the hash holds out none (3 prompts at 0.1), the group
+    with the smallest hash is held out; when it holds out all, the largest stays in training."""
     if val_fraction <= 0:
         return np.arange(len(keys)), np.zeros(0, np.int64)
-    threshold = int(val_fraction * 2**32)
-    is_val = np.fromiter((int.from_bytes(hashlib.blake2b(k.encode(), digest_size=4).digest(), "little") < threshold
-                          for k in keys), dtype=bool, count=len(keys))
+    h = np.fromiter((int.from_bytes(hashlib.blake2b(k.encode(), digest_size=4).digest(), "little") for k in keys),
+                    dtype=np.int64, count=len(keys))
+    is_val = h < int(val_fraction * 2**32)
+    if len(h) and h.min() != h.max():  # two or more groups
+        if not is_val.any():
+            is_val = h == h.min()
+        elif is_val.all():
+            is_val = h != h.max()
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
@@ -665,6 +681,12 @@ class TrainData:
     """max_length is the model's position limit, below `data.max_length` / `data.max_tokens`."""
     source_weights: np.ndarray
     """Sampling weight of each training source (indexed by the store's `source` column)."""
+    policy_tokens: int = 0
+    """Policy tokens of the training rollouts after truncation: what the loss sees."""
+    without_policy: int = 0
+    """Training rollouts left out: no policy token within max_length (a prompt that long)."""
+    val_groups: tuple[int, int] = (0, 0)
+    """(held-out groups, all groups) of the `val_fraction` split; (0, 0) with `data.val`."""
 
     def epoch(self, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """The epoch's rollouts and lengths after source weights (see ``weighted_rows``)."""
@@ -672,12 +694,40 @@ class TrainData:
                              self.source_weights, seed=seed, epoch=epoch)
 
     def describe(self) -> str:
+        """The start-up ``data:`` line: what is trained, after truncation and every filter."""
         st = self.train.stats
-        return (f"{len(self.train_idx)} training rollouts ({len(self.val_idx)} for validation), {st.tokens} tokens, "
-                f"{st.policy_tokens} policy tokens; left out: {st.bad_rows} bad rows, {st.bad_files} bad files, "
-                f"{st.zero_weight_rows} zero-weight rows; {self.overlong} longer than max_length={self.max_length}"
-                f"{' (the model position limit)' if self.capped_by_model else ''}: "
-                f"{'truncated' if self.overlong_policy == 'truncate' else 'skipped'}")
+        held = (f": {self.val_groups[0]} of {self.val_groups[1]} prompts held out" if self.val_groups[1]
+                else " from data.val" if self.val is not self.train else "")
+        cut = "truncated" if self.overlong_policy == "truncate" else "skipped"
+        return (f"{len(self.train_idx)} training rollouts ({len(self.val_idx)} for validation{held}), "
+                f"{int(self.train_len.sum()):,} tokens after truncation, {self.policy_tokens:,} policy tokens; "
+                f"{self.overlong} longer than max_length={self.max_length}"
+                f"{' (the model position limit)' if self.capped_by_model else ''} {cut}"
+                + f"; left out: {self.without_policy} with no policy token within max_length, "
+                f"{st.duplicates} duplicate sample_ids, {st.bad_rows} bad rows, {st.bad_files} bad "
+                f"files, {st.zero_weight_rows} zero-weight rows"
+                + "".join(f", {n} by filter {k}" for k, n in st.filtered.items() if n))
+
+
+MIN_POLICY_SHARE = 0.5
+"""Training stops before step 1 when fewer than this share of the rollouts (training or
+validation) keep a policy token after truncation: the window is then mostly prompt."""
+
+
+def with_policy_left(store: RolloutStore, idx: np.ndarray, max_length: int, what: str, data: DataConfig
+                     ) -> tuple[np.ndarray, int]:
+    """(the rows of ``idx`` that keep a policy token after truncation to ``max_length``, their
+    policy tokens). The others carry no loss and are left out (a step of them alone would train
+    on nothing); a one-line UserError when fewer than MIN_POLICY_SHARE of the rows keep one."""
+    kept = store.policy_tokens(max_length)[idx]
+    with_policy = int((kept > 0).sum())
+    if len(idx) and with_policy < MIN_POLICY_SHARE * len(idx):
+        limits = f"data.max_tokens={data.max_tokens}" + (f", data.max_length={data.max_length}" if data.max_length else "")
+        raise UserError(f"only {with_policy} of {len(idx)} {what} rollouts keep a policy token after truncation to "
+                        f"max_length={max_length} tokens ({limits}): the rest hold prompt tokens only and carry no "
+                        "loss; raise data.max_tokens (and data.max_length), or data.overlong=skip to leave long "
+                        "rollouts out")
+    return idx[kept > 0], int(kept.sum())
 
 
 def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, *, main_first, progress: bool,
@@ -692,10 +742,19 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
                else train)
     for store in {id(train): train, id(val): val}.values():
         check_bad_fraction(store.stats, data.max_bad_fraction, store.path.name, store.path / "quarantine.jsonl")
+    val_groups = (0, 0)
     if data.val:
         train_idx, val_idx = np.arange(len(train)), np.arange(len(val))
     else:
-        train_idx, val_idx = split_by_group(train.split_keys(), data.val_fraction)
+        keys = train.split_keys()
+        train_idx, val_idx = split_by_group(keys, data.val_fraction)
+        if data.val_fraction > 0:
+            val_groups = (len({keys[i] for i in val_idx}), len(set(keys)))
+        if data.val_fraction > 0 and not len(val_idx):
+            raise UserError(f"data.val_fraction={data.val_fraction:g} holds out prompts by group_id, but all "
+                            f"{len(train)} rollouts share one group ({keys[0]!r}), so none can be held out: add "
+                            "rollouts of other prompts, pass data.val=[...], or set data.val_fraction=0 "
+                            "(no validation)")
     if data.recency_half_life:  # ages count from the newest version in the training data
         newest = None
         for store in {id(train): train, id(val): val}.values():
@@ -708,7 +767,13 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
                      "; one policy version only: the weights change nothing" if r["oldest"] == r["newest"] else "")
     max_length = max_length_of(data, model_limit)
     overlong = int((train.lengths[train_idx] > max_length).sum())
-    train_idx, train_len = effective_lengths(train, train_idx, max_length, data.overlong)
+    train_idx, _ = effective_lengths(train, train_idx, max_length, data.overlong)
+    rows = len(train_idx)
+    train_idx, policy = with_policy_left(train, train_idx, max_length, "training", data)
+    without = rows - len(train_idx)
+    train_len = np.minimum(train.lengths[train_idx], max_length)
+    val_idx, _ = with_policy_left(val, val_idx, max_length, "validation", data)
     weights = np.array([s.weight for s in data.all_sources()], dtype=np.float64)
     return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong, data.overlong,
-                     max_length < max_length_of(data), weights)
+                     max_length < max_length_of(data), weights, policy_tokens=policy, without_policy=without,
+                     val_groups=val_groups)

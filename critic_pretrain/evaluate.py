@@ -50,7 +50,7 @@ import torch
 
 from rollouts import fileio
 
-from . import advantage
+from . import advantage, preflight
 from . import checkpoint as ckpt
 from .data import Layout, RolloutStore, loader, pack, to_device
 from .errors import UserError
@@ -461,8 +461,11 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
         raise UserError(f"--batch-tokens {batch_tokens} is below the run's max_length {max_length}; "
                         "a rollout must fit into one micro-batch: raise it")
     t0 = time.perf_counter()
+    manifest = ckpt.StepPaths(step_dir).read_manifest() or {}
     with contextlib.ExitStack() as stack:
         if rollouts:
+            preflight.check_rollouts_tokenizer(list(rollouts), manifest.get("tokenizer"),
+                                               "evaluate on rollouts of the critic's own tokenizer")
             where = cache_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="critic-eval-"))
             store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval", vocab_size=vocab_size)
             indices, split = np.arange(len(store)), "all rows"
@@ -474,6 +477,8 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
             if len(indices) == 0:
                 raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "
                                 "pass --rollouts PATH to evaluate on other rollouts")
+            preflight.check_split_unchanged(step_dir, manifest, cfg, len(data.train_idx), len(indices),
+                                            fix="pass --rollouts PATH with rollouts it never trained on")
         model = load_checkpoint_model(step_dir, cfg, dev, configs=configs)
         cold, cold_how = None, "off (--cold-every 0)"
         if cold_every and store.has_oracle:

@@ -428,15 +428,19 @@ def run_calibration(run_dir: str | os.PathLike, step: int | None = None, *, comp
     """The eval JSON of checkpoint ``step`` (default: the newest) on the run's validation split.
 
     Read from ``<run>/eval/step_<n>-val.json`` when that is newer than the checkpoint;
-    otherwise (``compute``) evaluated now and cached there. None without a checkpoint.
+    otherwise (``compute``) evaluated now and cached there. None without a checkpoint or
+    without a validation split (``data.val_fraction=0``, no ``data.val``).
     """
-    from .checkpoint import find_checkpoints
+    from .checkpoint import StepPaths, find_checkpoints
     from .evaluate import default_out, evaluate_checkpoint, write_json
 
     found = find_checkpoints(run_dir)
     if not found:
         return None
     step_dir = found.get(step, found[max(found)])
+    data = ((StepPaths(step_dir).read_config() or {}).get("data") or {})
+    if not data.get("val") and not data.get("val_fraction"):  # nothing held out: no calibration to draw
+        return None
     cache = default_out(step_dir, None)
     if cache.is_file() and cache.stat().st_mtime >= (step_dir / "critic_pretrain.json").stat().st_mtime:
         cached = json.loads(cache.read_text())
@@ -491,15 +495,16 @@ def write_report(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
     require("matplotlib", "critic-pretrain report (its PNG figures)")
     runs = load_runs(list(run_dirs))
     extra = {Path(p).stem: read_eval_json(p) for p in eval_jsons}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     calibrations = run_calibrations(runs, evaluate=evaluate)
+    figs = figures(runs, calibrations, extra)
+    text = summary_markdown([summarize_run(run, calibrations[run.name]) for run in runs])
+    out = Path(out_dir)  # created only now: a refusal above leaves nothing behind
+    out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, fig in figures(runs, calibrations, extra).items():
+    for name, fig in figs.items():
         path = out / f"{name}.png"
         fig.savefig(path)
         written.append(path)
-    text = summary_markdown([summarize_run(run, calibrations[run.name]) for run in runs])
     images = "\n".join(f"![{p.stem}]({p.name})" for p in written)
     fileio.write_text(out / "report.md", f"{text}\n## Figures\n\n{images}\n")
     written.append(out / "report.md")

@@ -30,21 +30,19 @@ import torch
 import yaml
 
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain import faults, parallel, tracking
+from critic_pretrain import faults, parallel, preflight, tracking
 from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
 from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
                                   source_files, step_batches, to_device)
 from critic_pretrain.errors import UserError, first_line
 from critic_pretrain.evaluate import evaluate
-from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, summarize, value_sums
+from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read_metrics, summarize, value_sums
 from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
                                    position_limit, set_head_bias_value, token_values)
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
-from rollouts.tokenizer import differences as tokenizer_differences
-from rollouts.tokenizer import fingerprint
-from rollouts.tokenizer import recorded as tokenizer_recorded
 from critic_pretrain.targets import bootstrapped_returns
 from rollouts import fileio
+from rollouts.tokenizer import fingerprint
 
 log = logging.getLogger("critic_pretrain")
 
@@ -87,6 +85,8 @@ class Run:
     """The open ``output_dir/.lock`` (main process): released when the process exits."""
     tokenizer_fingerprint: dict | None = None
     """``interop.tokenizer.fingerprint`` of ``tokenizer``, written into every checkpoint's manifest."""
+    metric_names_checked: bool = False
+    """``stop_when`` / ``best_metric`` were checked against the metrics this run logs."""
 
     @property
     def out(self) -> Path:
@@ -206,11 +206,17 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     hf_config = build_config(cfg.model)  # before the data: a model we cannot train fails in seconds
     tokenizer = _load_tokenizer(cfg)
     tokenizer_fp = fingerprint(tokenizer) if tokenizer is not None else None
-    check_data_tokenizer(cfg.data, tokenizer_fp)
+    preflight.check_rollouts_tokenizer([p for src in cfg.data.all_sources() for p in src.paths] + list(cfg.data.val or []),
+                                       tokenizer_fp, "train with that tokenizer's model (model.tokenizer / "
+                                       "model.name_or_path) or re-tokenize the rollouts")
     data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or out / "data_cache"),
                             main_first=accelerator.main_process_first, progress=is_main and cfg.train.progress,
                             model_limit=position_limit(hf_config), vocab_size=hf_config.vocab_size)
     log.info("data: %s", data.describe())
+    preflight.check_validation_needs(cfg, len(data.val_idx))
+    if resume_dir is not None:
+        preflight.check_split_unchanged(resume_dir, ckpt.StepPaths(resume_dir).read_manifest(), cfg,
+                                        len(data.train_idx), len(data.val_idx))
     if not plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
                         f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
@@ -247,14 +253,20 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
         prog = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
     resume_step = prog.step if resume_dir else None
     stop_rule = StopRule(cfg.train.stop_when)
+    metric_names_checked = False
     if resume_dir is not None:
         stop_rule.replay(out / "metrics.jsonl", prog.step)
+        records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+        logged = {k for rec in records for k in rec if k.startswith("val/")}
+        if logged:
+            preflight.check_metric_names(cfg, logged)
+            metric_names_checked = True
     tracking.start(accelerator, trackers, cfg.train.tracker_project, cfg.to_dict(), resume_step, out)
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
                          mirror=accelerator.log if trackers else None)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
                prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
-               tokenizer_fingerprint=tokenizer_fp)
+               tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked)
 
 
 def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
@@ -370,7 +382,8 @@ def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: La
 
 
 def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerator, cfg: Config):
-    """One optimizer step over this rank's micro-batches; returns (loss sums [6], grad norm).
+    """One optimizer step over this rank's micro-batches; returns (loss sums [6], grad norm,
+    valid tokens of the step on all ranks), all on the device.
 
     Loss normalisation: every token's squared error is divided by the number of valid
     (policy, weight > 0) tokens in the whole step, summed over micro-batches and ranks,
@@ -380,8 +393,8 @@ def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerat
     device = accelerator.device
     local_valid = sum(mb["valid_tokens"] for mb in micro_batches)
     # One collective per step; the count stays on the device (no host sync).
-    global_valid = accelerator.reduce(torch.tensor(float(local_valid), device=device), "sum").clamp_min(1.0)
-    scale = accelerator.num_processes / global_valid
+    global_valid = accelerator.reduce(torch.tensor(float(local_valid), device=device), "sum")
+    scale = accelerator.num_processes / global_valid.clamp_min(1.0)
     sums = torch.zeros(N_SUMS, dtype=torch.float64, device=device)
     for i, mb in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
@@ -410,7 +423,7 @@ def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerat
             p.add_((p - old) * (head_lr_ratio - 1.0))
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return sums, grad_norm
+    return sums, grad_norm, global_valid
 
 
 class Window:
@@ -419,11 +432,17 @@ class Window:
 
     def __init__(self, run: Run):
         self.run = run
-        self.sums = torch.zeros(N_SUMS, dtype=torch.float64, device=run.accelerator.device)
+        dev = run.accelerator.device
+        self.sums = torch.zeros(N_SUMS, dtype=torch.float64, device=dev)
         self.t, self.tokens, self.rows, self.valid = time.perf_counter(), 0, 0, 0
+        # [steps that had no valid token on any rank, steps with a non-finite loss or gradient]
+        self.faults = torch.zeros(2, dtype=torch.float64, device=dev)
+        self.since = run.prog.step  # the last step checked
 
-    def add(self, sums: torch.Tensor, micro: list[dict]) -> None:
+    def add(self, sums: torch.Tensor, micro: list[dict], grad_norm: torch.Tensor, valid: torch.Tensor) -> None:
         self.sums += sums
+        self.faults += torch.stack([(valid == 0).double(), (~torch.isfinite(sums).all()
+                                                            | ~torch.isfinite(grad_norm)).double()])
         self.tokens += sum(int(m["seq_lens"].sum()) for m in micro)
         self.rows += sum(m["num_rows"] for m in micro)
         self.valid += sum(m["valid_tokens"] for m in micro)
@@ -435,6 +454,25 @@ class Window:
         self.run.prog.consumed_samples += int(rows)
         self.run.prog.total_valid_tokens += int(valid)
         self.rows = self.valid = 0
+
+    def check(self, step: int) -> None:
+        """Stop before logging or saving what a broken step produced: a step with no valid token
+        on any rank trained on nothing, a non-finite loss or gradient has spoilt the weights. One
+        all-reduce and host sync, at log and save points only (where the loop syncs anyway)."""
+        empty, broken = (int(x) for x in self.run.reduce(self.faults).tolist())
+        steps, self.since = f"steps {self.since + 1}-{step}", step
+        if not (empty or broken):
+            return
+        saved = sorted(ckpt.find_checkpoints(self.run.out))
+        kept = f"step_{saved[-1]} is intact" if saved else "no checkpoint was written"
+        if broken:
+            raise UserError(f"the training loss or gradient became NaN or inf in {steps}: the run diverged and "
+                            f"nothing after it was saved ({kept}); start a new output_dir with a lower optim.lr "
+                            f"(now {self.run.cfg.optim.lr:g}) or with train.grad_clip set")
+        if empty:
+            raise UserError(f"{empty} optimizer step(s) in {steps} had no valid token (a policy token with weight "
+                            f"> 0) on any rank: they trained on nothing ({kept}); check data.max_tokens against the "
+                            "prompt lengths and the rollouts' sample_weight")
 
     def metrics(self) -> dict:
         tokens = self.run.reduce(torch.tensor(float(self.tokens), device=self.run.accelerator.device)).item()
@@ -467,8 +505,8 @@ def train_loop(run: Run, preempt: Preemption) -> int:
                          pin_memory=torch.cuda.is_available(), extra=cfg.targets.values_from == "critic")
         while prog.step_in_epoch < steps_in_epoch and prog.step < cfg.train.max_steps:
             micro = [to_device(next(batches), acc.device) for _ in range(layout.grad_accum)]
-            sums, grad_norm = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg)
-            window.add(sums, micro)
+            sums, grad_norm, valid = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg)
+            window.add(sums, micro, grad_norm, valid)
             prog.step += 1
             prog.step_in_epoch += 1
             bar.update(1)
@@ -476,6 +514,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
             done = prog.step == cfg.train.max_steps
             logged = prog.step % cfg.train.log_every == 0 or done
             if logged:
+                window.check(prog.step)
                 window.flush_counts()
                 rec = {"step": prog.step, **window.metrics(), "train/lr": run.scheduler.get_last_lr()[0],
                        "train/grad_norm": float(grad_norm), "train/epoch": prog.epoch,
@@ -491,6 +530,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
             stop = _agree(preempt.requested, acc) if (logged or layout.world == 1) else False
             done = done or prog.stopped_early is not None
             if done or stop or (cfg.checkpoint.save_every and prog.step % cfg.checkpoint.save_every == 0):
+                window.check(prog.step)
                 window.flush_counts()
                 save(run, prog.step)
             window.t += time.perf_counter() - t_pause
@@ -525,6 +565,9 @@ def evaluate_and_log(run: Run, step: int) -> None:
                             max_length=run.data.max_length, layout=run.layout, device=run.accelerator.device,
                             reduce=run.reduce, token_cap=run.cfg.eval.max_tokens)
     run.metrics.log({"step": step, **run.last_val})
+    if not run.metric_names_checked:  # step 0 of a fresh run: before step 1
+        preflight.check_metric_names(run.cfg, set(run.last_val))
+        run.metric_names_checked = True
     headline = ("loss", "explained_variance", "oracle_loss", "oracle_explained_variance", "calibration_error",
                 "adv_corr_first_lam0.95", "adv_corr_first_lam0.95_group_mean")
     log.info("step %d  %s", step, "  ".join(f"val/{k}={run.last_val[f'val/{k}']:.4g}" for k in headline
@@ -589,22 +632,6 @@ def _agree(flag: bool, accelerator) -> bool:
     if accelerator.num_processes == 1:
         return flag
     return bool(accelerator.reduce(torch.tensor(float(flag), device=accelerator.device), "sum").item() > 0)
-
-
-def check_data_tokenizer(data_cfg, model_fp: dict | None) -> None:
-    """Rollouts converted with ``--tokenizer`` record its fingerprint (``_rollouts.json``): stop
-    before training when the model's tokenizer has another vocabulary."""
-    if model_fp is None:
-        return
-    for spec in [p for src in data_cfg.all_sources() for p in src.paths] + list(data_cfg.val or []):
-        folder = Path(str(spec))
-        recorded_fp = tokenizer_recorded(folder if folder.is_dir() else folder.parent)
-        errors = tokenizer_differences(recorded_fp, model_fp)[0] if recorded_fp else []
-        if errors:
-            what = errors[0].replace("the seed's", "the rollouts'")
-            raise UserError(f"{spec}: these rollouts were tokenized with another tokenizer than the model's (the "
-                            f"model's {what}); train with that tokenizer's model (model.tokenizer / "
-                            "model.name_or_path) or re-tokenize the rollouts")
 
 
 def _load_tokenizer(cfg: Config):

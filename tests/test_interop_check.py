@@ -558,3 +558,24 @@ def test_ppo_model_tokenizer_against_the_seed(tok_run, tmp_path, capsys, shuffle
         assert words in err
     else:
         assert err == ""
+
+
+def test_rollouts_of_another_tokenizer_fail_eval_and_seed_check(tok_run, toy_data, tmp_path, capsys):
+    """The training check everywhere rollouts meet a model: `eval --rollouts` refuses in one line and
+    `seed check --rollouts` fails (before: PASSED, and eval ran without a word)."""
+    from critic_pretrain.cli import main
+    from rollouts.tokenizer import ROLLOUTS_MANIFEST, fingerprint_of
+
+    step, tok = tok_run
+    other = fingerprint_of(tiny_tokenizer(tmp_path / "other-tok", shuffle=True))
+    for name, fp in (("same", fingerprint_of(tok)), ("other", other)):
+        shutil.copytree(toy_data, tmp_path / name)
+        (tmp_path / name / ROLLOUTS_MANIFEST).write_text(json.dumps({"tokenizer": fp}))
+    capsys.readouterr()
+    assert main(["eval", str(step), "--rollouts", str(tmp_path / "other"), "--out", str(tmp_path / "e.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "tokenized with another tokenizer than the model's" in err
+    assert not (tmp_path / "e.json").exists()
+    rc, out, err = check(capsys, step, "--rollouts", tmp_path / "other")
+    assert rc == 1 and "tokenized with another tokenizer" in err and "PASSED" not in out
+    assert main(["eval", str(step), "--rollouts", str(tmp_path / "same"), "--out", str(tmp_path / "e.json")]) == 0

@@ -373,7 +373,7 @@ def test_td_lambda_from_the_critic_trains_on_its_own_bootstrapped_targets(toy_da
     want = torch.cat(want)[None]
     expected_sq = float((batch["weights"] * (values - want).square()).sum())
     opt = build_optimizer(model, cfg.optim, torch.device("cpu"))
-    sums, _ = train_step(model, opt, build_scheduler(opt, cfg.optim, 10), [batch], Accelerator(cpu=True), cfg)
+    sums, _, _ = train_step(model, opt, build_scheduler(opt, cfg.optim, 10), [batch], Accelerator(cpu=True), cfg)
     assert float(sums[1]) == pytest.approx(expected_sq, rel=1e-5)
 
     assert train_main(over + ["eval.every=6"]) == 0

@@ -40,6 +40,7 @@ from typing import Any
 from rollouts import fileio
 
 from .. import checkpoint as ckpt
+from .. import preflight
 from ..errors import UserError, closest, first_line
 from .dcp import dcp_metadata, read_dcp, scheduler_class
 from rollouts.tokenizer import describe as describe_tokenizer
@@ -221,6 +222,14 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
     on an older policy) that fails this gives PPO worse advantages than no critic at all."""
     from ..evaluate import evaluate_checkpoint
 
+    try:  # evaluate_checkpoint refuses them too; here it is a failed check, not an aborted one
+        preflight.check_rollouts_tokenizer(rollouts, (ckpt.StepPaths(step_dir).read_manifest() or {}).get("tokenizer"),
+                                           "check the seed on rollouts of its own tokenizer, or retrain it with "
+                                           "the policy's tokenizer")
+    except UserError as e:
+        report.fail("quality", str(e))
+        report.facts["quality"] = {"rollouts": list(rollouts), "passed": False}
+        return
     ev = evaluate_checkpoint(step_dir, rollouts, cold_every=0)
     m = ev["metrics"]
     tag = f"lam{QUALITY_LAM:g}"
@@ -430,6 +439,7 @@ def _check_training_info(report: SeedReport, root: Path) -> None:
         report.fail("info", f"{path} is not valid JSON; copy it again from the run")
         return
     report.facts["training_info"] = info
+    _check_metrics(report, info, path)
     step = ckpt.step_number(root)
     if step is None:
         report.warn(f"{root.name} is not named step_<n>: the step in training_info.json "
@@ -438,6 +448,16 @@ def _check_training_info(report: SeedReport, root: Path) -> None:
         report.fail("info", f"training_info.json says total_steps={info.get('total_steps')} but the folder is "
                             f"step_{step}: it was renamed or mixed with another step's files; use the folder "
                             f"named after its step, or re-export it")
+
+
+def _check_metrics(report: SeedReport, info: dict, path: Path) -> None:
+    """A seed whose validation loss is NaN (null in JSON) was validated on nothing or diverged.
+    Other metrics may be undefined for good reasons (an empty bucket, targets without variance)."""
+    val = {k: v for k, v in info.items() if k.startswith("val:")}
+    if "val:loss" in val and not (isinstance(val["val:loss"], (int, float)) and math.isfinite(val["val:loss"])):
+        report.fail("metrics", f"{path}: val:loss is {val['val:loss']!r} (NaN): the critic was validated on no "
+                               "policy token or its values are not finite; do not use this seed: check the training "
+                               "log (data.max_tokens against the prompt lengths, a diverged loss) and retrain")
 
 
 # ---------------------------------------------------------------------------------------------

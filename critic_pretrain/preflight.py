@@ -1,0 +1,87 @@
+"""Refusals before step 1: settings that would let a run succeed over nothing.
+
+Each check raises a one-line ``UserError`` naming the setting and the fix. They run where the
+facts they need are known: the tokenizer and validation checks once the data is prepared, the
+metric names once the first validation record (or a resumed run's ``metrics.jsonl``) says which
+metrics this run logs. ``eval`` and ``seed check --rollouts`` use the tokenizer check too.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rollouts.tokenizer import differences as tokenizer_differences
+from rollouts.tokenizer import recorded as tokenizer_recorded
+
+from .config import Config
+from .errors import UserError, closest
+
+log = logging.getLogger(__name__)
+
+
+def check_rollouts_tokenizer(specs: list, model_fp: dict | None, fix: str) -> None:
+    """Rollouts converted with ``--tokenizer`` record its fingerprint (``_rollouts.json``): stop
+    when the model's tokenizer (``model_fp``) has another vocabulary, wherever rollouts meet a
+    model (training, ``eval``, ``seed check --rollouts``). ``fix``: what to do instead."""
+    if model_fp is None:
+        return
+    for spec in specs:
+        folder = Path(str(spec))
+        recorded_fp = tokenizer_recorded(folder if folder.is_dir() else folder.parent)
+        errors = tokenizer_differences(recorded_fp, model_fp)[0] if recorded_fp else []
+        if errors:
+            what = errors[0].replace("the seed's", "the rollouts'")
+            raise UserError(f"{spec}: these rollouts were tokenized with another tokenizer than the model's (the "
+                            f"model's {what}); {fix}")
+
+
+def check_validation_needs(cfg: Config, val_rows: int) -> None:
+    """``checkpoint.keep_best`` and ``train.stop_when`` rank validation metrics: without a
+    validation split they would quietly do nothing."""
+    if val_rows:
+        return
+    why = "there is no validation split (data.val_fraction=0 and no data.val)"
+    fix = "set data.val_fraction (e.g. 0.05) or data.val=[...]"
+    if cfg.checkpoint.keep_best:
+        raise UserError(f"checkpoint.keep_best={cfg.checkpoint.keep_best} keeps the best checkpoints by "
+                        f"{cfg.checkpoint.best_metric}, but {why}: {fix}, or drop checkpoint.keep_best")
+    if cfg.train.stop_when.metric:
+        raise UserError(f"train.stop_when.metric={cfg.train.stop_when.metric} stops on a validation metric, but "
+                        f"{why}: {fix}, or drop train.stop_when")
+    if cfg.eval.every:
+        log.info("no validation split (data.val_fraction=0, no data.val): eval.every=%d evaluates nothing and "
+                 "checkpoints carry no val: metrics", cfg.eval.every)
+
+
+def check_metric_names(cfg: Config, logged: set[str]) -> None:
+    """``train.stop_when.metric`` and (with ``keep_best``) ``checkpoint.best_metric`` must name a
+    metric this run logs (``logged``: its ``val/...`` keys): ``val/los`` would never stop."""
+    names = {k.split("/", 1)[1] for k in logged if k.startswith("val/")}
+    wanted = []
+    if cfg.train.stop_when.metric:
+        wanted.append(("train.stop_when.metric", cfg.train.stop_when.metric, "val/"))
+    if cfg.checkpoint.keep_best:
+        wanted.append(("checkpoint.best_metric", cfg.checkpoint.best_metric, "val:"))
+    for key, value, prefix in wanted:
+        name = value.removeprefix(prefix)
+        if name not in names:
+            near = closest(name, names)
+            raise UserError(f"{key}={value}: this run logs no such validation metric"
+                            + (f"; did you mean {prefix}{near}?" if near else "") + " (docs/metrics.md lists them)")
+
+
+RESUME_FIX = "use a new output_dir, or continue on the new split with data.allow_changes=true"
+
+
+def check_split_unchanged(step_dir: Path, manifest: dict | None, cfg: Config, train_rows: int, val_rows: int,
+                          fix: str = RESUME_FIX) -> None:
+    """The rows a checkpoint trained and validated on must stay put: a resume would otherwise
+    continue on another data set, and ``eval`` would call trained-on rollouts held out (runs
+    from before the split held out at least one prompt had none)."""
+    data = (manifest or {}).get("data") or {}
+    before = (data.get("train_rows"), data.get("val_rows"))
+    if None in before or before == (train_rows, val_rows) or (cfg.data.allow_changes and fix is RESUME_FIX):
+        return
+    raise UserError(f"{step_dir.name} trained on {before[0]} rollouts with {before[1]} for validation, the split now "
+                    f"gives {train_rows} and {val_rows}: the split, the filters or the rollouts changed; {fix}")
