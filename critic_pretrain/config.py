@@ -93,7 +93,9 @@ class DataConfig:
     val: list[str] = field(default_factory=list)
     """Validation rollouts. Empty: hold out `val_fraction` of the training prompts."""
     val_fraction: float = 0.05
-    """Share of prompts (by `group_id`, else `sample_id`) held out when `val` is empty."""
+    """Share of prompts (by `group_id`, else `sample_id`) held out when `val` is empty; above 0
+    at least one prompt is held out and one kept (the start-up line says how many); 0: no
+    validation (then `checkpoint.keep_best` and `train.stop_when` are refused)."""
     on_bad: Literal["fail", "skip"] = "fail"
     """Bad rows or files: stop with the first error, or skip them into `quarantine.jsonl`."""
     max_tokens: int = 8192
@@ -147,6 +149,17 @@ class TargetsConfig:
     reward_clip: list[float] | None = None
     """Optional [min, max] clip of the transformed outcome reward."""
 
+    def kinds(self) -> tuple[str, str]:
+        """(what training regresses on, what validation measures against), for logs and plots:
+        with `values_from: critic` the train loss and EV are against the critic's own TD targets,
+        validation against Monte-Carlo returns, and the two are not comparable."""
+        if self.values_from == "critic":
+            return f"TD({self.lam:g}) of its own values", "Monte-Carlo returns"
+        if self.values_from == "data":
+            kind = f"GAE({self.lam:g}) returns of the rollouts' values"
+            return kind, kind
+        return "Monte-Carlo returns", "Monte-Carlo returns"
+
 
 @dataclass
 class OptimConfig:
@@ -175,7 +188,8 @@ class OptimConfig:
 class StopConfig:
     metric: str | None = None
     """Validation metric that can end the run early (e.g. `val/loss`,
-    `val/explained_variance`); null: run to `train.max_steps`."""
+    `val/explained_variance`); null: run to `train.max_steps`. A name the run does not log
+    stops it before step 1, with a did-you-mean."""
     above: float | None = None
     """Stop once the metric is above this for `patience` evaluations in a row."""
     below: float | None = None

@@ -46,7 +46,7 @@ from .targets import RewardTransform, compute_returns, token_level_rewards
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT = 4
+STORE_FORMAT = 5
 STORE_FILE = "rollouts.arrow"
 STORE_META = "meta.json"
 # Columns of the store. `returns` are the value targets; `rewards` the transformed per-token
@@ -98,6 +98,10 @@ class StoreStats:
     """Rollouts kept per source name."""
     mean_target: float = 0.0
     target_var: float = 0.0
+    reward_min: float | None = None
+    """Smallest rollout reward (outcome plus token rewards) as the archive holds it, before
+    the targets' reward transform; ``seed check`` compares the range with the PPO run's."""
+    reward_max: float | None = None
 
     def bad_fraction(self) -> float:
         """Share of bad rows among rows read, or of bad files among files, whichever is larger."""
@@ -246,6 +250,7 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
             for path, rows, batch in reader:
                 batch, rows = _apply_filters(batch, rows, src, stats)
                 if batch.num_rows:
+                    _add_reward_range(stats, batch)
                     stats.tokens += int(pc.sum(pc.list_value_length(batch.column("input_ids"))).as_py())
                     stats.policy_tokens += int(pc.sum(pc.list_flatten(batch.column("loss_mask"))).as_py())
                     out_batch, batch_sums = _with_targets(batch, rows, path, transform, targets, source=i)
@@ -270,6 +275,22 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
     fileio.write_json(tmp / STORE_META, meta)
     fileio.replace_dir(tmp, out)
     return RolloutStore(out)
+
+
+def _add_reward_range(stats: StoreStats, batch: pa.RecordBatch) -> None:
+    """Widen ``stats``' reward range by the batch's rollout rewards (outcome + token rewards)."""
+    names = batch.schema.names
+    total = (pc.fill_null(batch.column("reward"), 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+             if "reward" in names else np.zeros(batch.num_rows))
+    if "token_rewards" in names:
+        col = batch.column("token_rewards")
+        lens = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        lens = np.nan_to_num(lens.astype(np.float64)).astype(np.int64)  # a null list: no token rewards
+        flat = pc.fill_null(pc.list_flatten(col), 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+        total += np.add.reduceat(np.concatenate([flat, [0.0]]), np.concatenate([[0], np.cumsum(lens)[:-1]])) * (lens > 0)
+    lo, hi = float(total.min()), float(total.max())
+    stats.reward_min = lo if stats.reward_min is None else min(stats.reward_min, lo)
+    stats.reward_max = hi if stats.reward_max is None else max(stats.reward_max, hi)
 
 
 def _add_summary(stats: StoreStats, summary) -> None:

@@ -29,6 +29,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -389,6 +390,8 @@ class JobResult:
     final_val_explained_variance: float | None = None
     wall_s: float = 0.0
     command: list[str] = field(default_factory=list)
+    reason: str | None = None
+    """A failed job's own one-line error (the last ``error: ...`` line it printed)."""
 
     @property
     def status_text(self) -> str:
@@ -417,7 +420,7 @@ def run_jobs(jobs: list[Job], *, fail_fast: bool, summary_path: Path, jobs_file:
             _say(f"({i + 1}/{len(jobs)}) {job.name}: "
                  + (f"resuming from step_{state.step}" if state.step is not None else "starting")
                  + f" -> {job.output_dir}\n  $ {shlex.join(res.command)}")
-            res.status, res.exit_code, res.wall_s = run_one(job, fwd)
+            res.status, res.exit_code, res.wall_s, res.reason = run_one(job, fwd)
             _say(f"{job.name}: {res.status_text} after {_duration(res.wall_s)}" + (
                 " (it exited 0 without finishing, as train does when signalled itself)"
                 if res.status == PREEMPTED and fwd.received is None else ""))
@@ -434,19 +437,26 @@ def run_jobs(jobs: list[Job], *, fail_fast: bool, summary_path: Path, jobs_file:
     code = exit_code(results, fwd.received)
     write_summary(summary_path, jobs_file, results, started_at, exit_code=code)
     print(format_table(results), flush=True)
+    for r in results:
+        if r.reason:
+            print(f"{r.name}: {r.reason}", flush=True)
     _say(f"summary: {summary_path}; exit code {code}" + (
         " (preempted: re-run the same command to continue)" if code == EXIT_PREEMPTED else ""))
     return code
 
 
-def run_one(job: Job, fwd: SignalForwarder) -> tuple[str, int, float]:
-    """Run one job to its exit; (status, exit code, seconds)."""
+def run_one(job: Job, fwd: SignalForwarder) -> tuple[str, int, float, str | None]:
+    """Run one job to its exit; (status, exit code, seconds, its last ``error:`` line if it failed)."""
     t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(job.command())  # inherits stdout/stderr: the job log stays one stream
+    try:  # stdout is inherited; stderr passes through a tee that keeps the job's error line
+        proc = subprocess.Popen(job.command(), stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
     except OSError as e:  # e.g. the launcher's program is not installed
-        _say(f"{job.name}: cannot start {job.command()[0]}: {e.strerror or e}")
-        return FAILED, 127, time.monotonic() - t0
+        reason = f"cannot start {job.command()[0]}: {e.strerror or e}"
+        _say(f"{job.name}: {reason}")
+        return FAILED, 127, time.monotonic() - t0, reason
+    errors: list[str] = []
+    tee = threading.Thread(target=_tee, args=(proc.stderr, errors), daemon=True)
+    tee.start()
     fwd.watch(proc, job.signal_to)
     try:
         while True:
@@ -457,7 +467,18 @@ def run_one(job: Job, fwd: SignalForwarder) -> tuple[str, int, float]:
                 fwd.forward()  # after a signal: workers a launcher started since then
     finally:
         fwd.watch(None)
-    return classify(job, rc, fwd.received), rc, time.monotonic() - t0
+    tee.join(timeout=10)
+    status = classify(job, rc, fwd.received)
+    return status, rc, time.monotonic() - t0, (errors[-1] if errors else None) if status == FAILED else None
+
+
+def _tee(stream, errors: list[str]) -> None:
+    """Copy a job's stderr to ours line by line; remember its ``error: ...`` lines."""
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if line.startswith("error: "):
+            errors.append(line[len("error: "):].strip())
 
 
 def classify(job: Job, rc: int, received: int | None) -> str:

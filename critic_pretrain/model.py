@@ -13,6 +13,7 @@ that shift, also inside packed batches where each sequence starts at ``position_
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import functools
 import inspect
@@ -210,11 +211,13 @@ def build_value_model(cfg: ModelConfig, *, init_head: bool = True, config: Pretr
     kwargs = dict(config=config, dtype=dtype, attn_implementation=attn, trust_remote_code=cfg.trust_remote_code)
     if cfg.name_or_path:
         try:
-            model, info = AutoModelForTokenClassification.from_pretrained(
-                cfg.name_or_path, output_loading_info=True, **kwargs)
+            with _quiet_load_report():
+                model, info = AutoModelForTokenClassification.from_pretrained(
+                    cfg.name_or_path, output_loading_info=True, **kwargs)
         except (OSError, ValueError, AssertionError) as e:
             raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot load weights ({first_line(e)})") from e
         missing = set(info.get("missing_keys", ()))
+        _log_load(cfg.name_or_path, missing, set(info.get("unexpected_keys", ())))
         backbone_missing = sorted(k for k in missing if not k.startswith("score."))
         if backbone_missing:
             raise UserError(f"model.name_or_path={cfg.name_or_path!r}: backbone weights missing "
@@ -243,6 +246,37 @@ def build_value_model(cfg: ModelConfig, *, init_head: bool = True, config: Pretr
     if config.model_type not in SUPPORTED_FAMILIES:
         check_packing(model)
     return model
+
+
+@contextlib.contextmanager
+def _quiet_load_report():
+    """transformers prints a LOAD REPORT table for every key a causal LM and our class do not
+    share (``score.*`` missing, ``lm_head.weight`` unexpected: expected for a critic); ``_log_load``
+    says it in one line and names anything else."""
+    def no_report(record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+    # A filter, not a level: transformers runs extra checks when this logger's level is WARNING+.
+    report = logging.getLogger("transformers.modeling_utils")
+    report.addFilter(no_report)
+    try:
+        yield
+    finally:
+        report.removeFilter(no_report)
+
+
+def _log_load(source: str, missing: set[str], unexpected: set[str]) -> None:
+    """One line for the expected differences between a causal LM (or reward model) and the
+    value model; a warning for unexpected keys other than the LM head."""
+    head = sorted(k for k in missing if k.startswith("score."))
+    lm_head = sorted(k for k in unexpected if k.startswith("lm_head."))
+    log.info("backbone weights from %s%s%s", source,
+             f"; new value head ({', '.join(head)})" if head else "",
+             f"; the LM head ({', '.join(lm_head)}) is left out: a critic has none" if lm_head else "")
+    other = sorted(unexpected - set(lm_head))
+    if other:
+        log.warning("%s holds %d weight(s) the value model has no place for, left out: %s%s", source, len(other),
+                    ", ".join(other[:5]), " ..." if len(other) > 5 else "")
 
 
 def check_packing(model: PreTrainedModel) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from rollouts.paths import archive_folder
+from rollouts.provenance import RewardsLogged, rewards_logged
 from rollouts.tokenizer import differences as tokenizer_differences
 from rollouts.tokenizer import recorded as tokenizer_recorded
 
@@ -27,13 +29,34 @@ def check_rollouts_tokenizer(specs: list, model_fp: dict | None, fix: str) -> No
     if model_fp is None:
         return
     for spec in specs:
-        folder = Path(str(spec))
-        recorded_fp = tokenizer_recorded(folder if folder.is_dir() else folder.parent)
+        recorded_fp = tokenizer_recorded(archive_folder(spec))
         errors = tokenizer_differences(recorded_fp, model_fp)[0] if recorded_fp else []
         if errors:
             what = errors[0].replace("the seed's", "the rollouts'")
             raise UserError(f"{spec}: these rollouts were tokenized with another tokenizer than the model's (the "
                             f"model's {what}); {fix}")
+
+
+def archive_rewards(specs: list) -> RewardsLogged | None:
+    """What the training archives say of their rewards (``rollouts convert --ppo-config`` /
+    ``--rewards-raw`` / ``--rewards-scaled``); None when none says. Archives that state
+    different scales cannot be trained together: the critic would learn a mixture."""
+    stated = {}
+    for spec in specs:
+        folder = archive_folder(spec)
+        logged = rewards_logged(folder) if folder is not None else None
+        if logged is not None:
+            stated[str(spec)] = logged
+    kinds = {(r.scale, r.shift, r.clip, r.shaped) for r in stated.values()}
+    if len(kinds) > 1:
+        what = "; ".join(f"{spec}: {r.formula()} ({r.stated_by})" for spec, r in stated.items())
+        raise UserError(f"the training rollouts hold rewards on different scales ({what}): a critic trained on them "
+                        "would learn a mixture; convert them to one scale, or train on one kind")
+    if stated and len(stated) < len(specs):
+        unknown = [str(s) for s in specs if str(s) not in stated]
+        log.warning("%s do not say how their rewards were logged (rollouts convert --ppo-config / --rewards-raw); "
+                    "taken to be like the others: %s", ", ".join(unknown), next(iter(stated.values())).formula())
+    return next(iter(stated.values()), None)
 
 
 def check_validation_needs(cfg: Config, val_rows: int) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+import yaml
 
 from rollouts import fileio
 
@@ -61,6 +62,8 @@ class RunData:
     path: Path
     name: str
     records: list[dict]
+    kinds: tuple[str, str] = ("targets", "targets")
+    """What the train and the validation curves are measured against (``TargetsConfig.kinds``)."""
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) of the records holding a finite ``key``, in step order."""
@@ -87,7 +90,17 @@ def load_run(run_dir: str | os.PathLike, name: str | None = None) -> RunData:
     records = [r for r in read_metrics(f) if isinstance(r, dict) and "step" in r]
     if not records:
         raise UserError(f"{f}: no records yet; wait for the first log step (train.log_every)")
-    return RunData(path, name or path.resolve().name, records)
+    return RunData(path, name or path.resolve().name, records, _target_kinds(path))
+
+
+def _target_kinds(run_dir: Path) -> tuple[str, str]:
+    """From the run's config.yaml; generic words when it is missing or from another version."""
+    from .config import TargetsConfig
+    try:
+        targets = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("targets") or {}
+        return TargetsConfig(**targets).kinds()
+    except (OSError, yaml.YAMLError, TypeError, AttributeError):
+        return RunData.kinds
 
 
 def load_runs(run_dirs: list[str | os.PathLike]) -> list[RunData]:
@@ -309,17 +322,22 @@ def fig_metric(runs: list[RunData], lines: list[tuple[str, str, dict]], title: s
     return fig
 
 
+def _curves(runs: list[RunData], metric: str) -> list[tuple[str, str, dict]]:
+    """Train and validation curves of ``metric``, each named with what it is measured against
+    (TD targets and Monte-Carlo returns give incomparable numbers), and the oracle's."""
+    train, val = runs[0].kinds if len({r.kinds for r in runs}) == 1 else ("targets", "targets")
+    return [(f"train/{metric}", f"train (vs {train})", {"smooth": True}),
+            (f"val/{metric}", f"validation (vs {val})", {"marker": "o"}),
+            (f"val/oracle_{metric}", "validation vs oracle values", {"marker": "s", "style": "--"})]
+
+
 def fig_loss(runs: list[RunData]):
-    return fig_metric(runs, [("train/loss", "train", {"smooth": True}), ("val/loss", "validation", {"marker": "o"}),
-                             ("val/oracle_loss", "validation vs oracle", {"marker": "s", "style": "--"})],
-                      "Value loss (mean squared error over policy tokens)", "loss", logy=True)
+    return fig_metric(runs, _curves(runs, "loss"), "Value loss (mean squared error over policy tokens)", "loss",
+                      logy=True)
 
 
 def fig_explained_variance(runs: list[RunData]):
-    fig = fig_metric(runs, [("train/explained_variance", "train", {"smooth": True}),
-                            ("val/explained_variance", "validation", {"marker": "o"}),
-                            ("val/oracle_explained_variance", "validation vs oracle", {"marker": "s", "style": "--"})],
-                     "Explained variance (1 = perfect, 0 = predicts the mean)", "explained variance")
+    fig = fig_metric(runs, _curves(runs, "explained_variance"), "Explained variance (1 = perfect, 0 = predicts the mean)", "explained variance")
     ax = fig.axes[0]
     for i, run in enumerate(runs):  # reference levels from the newest evaluation that has them
         for key, what, style in (("val/ev_oracle_values", "true values on the val targets (ceiling of validation)",

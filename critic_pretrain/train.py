@@ -87,6 +87,8 @@ class Run:
     """``interop.tokenizer.fingerprint`` of ``tokenizer``, written into every checkpoint's manifest."""
     metric_names_checked: bool = False
     """``stop_when`` / ``best_metric`` were checked against the metrics this run logs."""
+    rewards_logged: Any = None
+    """``rollouts.provenance.RewardsLogged``: how the archives' rewards relate to the raw ones; None unknown."""
 
     @property
     def out(self) -> Path:
@@ -206,9 +208,14 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     hf_config = build_config(cfg.model)  # before the data: a model we cannot train fails in seconds
     tokenizer = _load_tokenizer(cfg)
     tokenizer_fp = fingerprint(tokenizer) if tokenizer is not None else None
-    preflight.check_rollouts_tokenizer([p for src in cfg.data.all_sources() for p in src.paths] + list(cfg.data.val or []),
-                                       tokenizer_fp, "train with that tokenizer's model (model.tokenizer / "
-                                       "model.name_or_path) or re-tokenize the rollouts")
+    train_specs = [p for src in cfg.data.all_sources() for p in src.paths]
+    preflight.check_rollouts_tokenizer(train_specs + list(cfg.data.val or []), tokenizer_fp,
+                                       "train with that tokenizer's model (model.tokenizer / model.name_or_path) "
+                                       "or re-tokenize the rollouts")
+    rewards_logged = preflight.archive_rewards(train_specs)
+    if rewards_logged is not None:
+        log.info("rewards in the rollouts: logged as %s of the raw ones (%s)", rewards_logged.formula(),
+                 rewards_logged.stated_by)
     data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or out / "data_cache"),
                             main_first=accelerator.main_process_first, progress=is_main and cfg.train.progress,
                             model_limit=position_limit(hf_config), vocab_size=hf_config.vocab_size)
@@ -266,7 +273,8 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
                          mirror=accelerator.log if trackers else None)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
                prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
-               tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked)
+               tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked,
+               rewards_logged=rewards_logged)
 
 
 def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
@@ -520,7 +528,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
                        "train/grad_norm": float(grad_norm), "train/epoch": prog.epoch,
                        "train/consumed_samples": prog.consumed_samples}
                 run.metrics.log(rec)
-                bar.set_postfix(loss=f"{rec.get('train/loss', math.nan):.4g}",
+                bar.set_postfix(vs=cfg.targets.kinds()[0], loss=f"{rec.get('train/loss', math.nan):.4g}",
                                 ev=f"{rec.get('train/explained_variance', math.nan):.3f}",
                                 tok_s=f"{rec['train/tokens_per_s']:.3g}")
             t_pause = time.perf_counter()  # tokens/s measures training, not evaluation or saving
@@ -570,8 +578,8 @@ def evaluate_and_log(run: Run, step: int) -> None:
         run.metric_names_checked = True
     headline = ("loss", "explained_variance", "oracle_loss", "oracle_explained_variance", "calibration_error",
                 "adv_corr_first_lam0.95", "adv_corr_first_lam0.95_group_mean")
-    log.info("step %d  %s", step, "  ".join(f"val/{k}={run.last_val[f'val/{k}']:.4g}" for k in headline
-                                             if f"val/{k}" in run.last_val))
+    log.info("step %d  val vs %s:  %s", step, run.cfg.targets.kinds()[1],
+             "  ".join(f"val/{k}={run.last_val[f'val/{k}']:.4g}" for k in headline if f"val/{k}" in run.last_val))
     reason = run.stop_rule.update(run.last_val)  # same values on every rank: all agree
     if reason and step > 0:
         run.prog.stopped_early = reason
@@ -592,7 +600,9 @@ def save(run: Run, step: int) -> None:
                   "head_bias": cfg.model.head_bias, "parameters": count_parameters(raw)},
         "data": {"files": run.data.train.files, "train_rows": len(run.data.train_idx),
                  "val_rows": len(run.data.val_idx), "stats": vars(run.data.train.stats),
-                 "sources": run.data.train.meta["sources"], "changes": run.data_changes},
+                 "sources": run.data.train.meta["sources"], "changes": run.data_changes,
+                 "rewards": {"logged": run.rewards_logged.to_dict() if run.rewards_logged else None,
+                             "min": run.data.train.stats.reward_min, "max": run.data.train.stats.reward_max}},
         "config_changes": run.config_changes,
         "tokenizer": run.tokenizer_fingerprint,
         "world_size": run.layout.world, "versions": ckpt.library_versions(),

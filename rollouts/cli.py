@@ -77,6 +77,8 @@ def run_check(args: argparse.Namespace) -> int:
                           "problems": [p.line() for p in reader.problems[: args.max_problems]]}, indent=2))
     else:
         print(summary.format())
+        for warning in summary.warnings():
+            print(f"\nwarning: {warning}")
         if reader.problems:
             print(f"\n{len(reader.problems)} problem(s):")
             for p in reader.problems[: args.max_problems]:

@@ -45,6 +45,7 @@ from . import schema as S
 from .errors import Problem, Quarantine, RolloutError
 from .fileio import publish_files
 from .paths import PARQUET_SUFFIXES, resolve
+from .provenance import ROLLOUTS_MANIFEST
 from .validate import check_batch
 from .writer import DEFAULT_SHARD_ROWS, ShardWriter, table_from_rows
 
@@ -347,8 +348,10 @@ class _Generic:
     """JSONL or parquet rows whose fields are mapped onto schema columns."""
 
     def __init__(self, paths, mapping: Mapping[str, str] | None, *, prompt_field: str | None,
-                 response_field: str | None, keep_extra: bool):
+                 response_field: str | None, keep_extra: bool, pad_id: int | None = None,
+                 mask_field: str | None = None):
         mapping = dict(mapping or {})
+        self.pad_id, self.mask_field = pad_id, mask_field
         _check_mapping(mapping, prompt_field, response_field)
         self.files = resolve(paths, suffixes=(".jsonl",) + PARQUET_SUFFIXES)
         keys = _union_keys(self.files)
@@ -366,7 +369,7 @@ class _Generic:
         self.derive_group_id = "group_id" not in self.fields
         if self.derive_group_id:
             self.columns.append("group_id")
-        used = {_top(f) for f in [*mapping.values(), prompt_field, response_field] if f}
+        used = {_top(f) for f in [*mapping.values(), prompt_field, response_field, mask_field] if f}
         self.extra_names = ([k for k in keys if k not in used and k not in S.BY_NAME]
                             if keep_extra else [])
 
@@ -389,11 +392,19 @@ class _Generic:
                                   f"{S.expected_kind(column)}", "missing_field")
                 continue
             out[column] = value
+        prompt_len = None
         if self.prompt_field:
             prompt = self._token_list(rec, self.prompt_field)
             response = self._token_list(rec, self.response_field)
             out["input_ids"] = prompt + response
             out["loss_mask"] = [0] * len(prompt) + [1] * len(response)
+            prompt_len = len(prompt)
+        keep = self._unpadded(rec, out.get("input_ids"), prompt_len)
+        if keep is not None:
+            n = len(out["input_ids"])
+            for column, value in out.items():
+                if column in S.BY_NAME and isinstance(value, list) and len(value) == n:
+                    out[column] = [v for v, k in zip(value, keep) if k]
         if out.get("reward") is None and out.get("token_rewards") is None:
             present = [c for c in ("reward", "token_rewards") if c in self.fields]
             raise _BadRow(self.fields.get("reward", "reward"),
@@ -404,6 +415,39 @@ class _Generic:
             if name in rec:
                 out[name] = rec[name]
         return out
+
+    def _unpadded(self, rec: dict, ids: Any, prompt_len: int | None) -> list[bool] | None:
+        """Which tokens are real: ``mask_field``'s 1s (over the whole sequence, or over the
+        response in prompt/response mode), else everything but ``pad_id`` runs at the padded ends
+        (a prompt's left, a response's right; both ends of a single token list). None: all."""
+        if not isinstance(ids, list):
+            return None
+        n = len(ids)
+        if self.mask_field:
+            mask = _lookup(rec, self.mask_field)
+            if not isinstance(mask, list) or any(m not in (0, 1, True, False) for m in mask):
+                raise _BadRow(self.mask_field, f"'{self.mask_field}' is {_show(mask)}, not a 0/1 list",
+                              "pass --mask-field naming the attention (or response) mask", "wrong_type")
+            if len(mask) == n:
+                return [bool(m) for m in mask]
+            if prompt_len is not None and len(mask) == n - prompt_len:
+                return [True] * prompt_len + [bool(m) for m in mask]
+            raise _BadRow(self.mask_field, f"'{self.mask_field}' has {len(mask)} entries for {n} tokens"
+                          + (f" ({n - prompt_len} in the response)" if prompt_len is not None else ""),
+                          "the mask must cover every token (or every response token)", "length_mismatch")
+        if self.pad_id is None:
+            return None
+        keep = [True] * n
+        head, tail = (prompt_len, n - prompt_len) if prompt_len is not None else (n, n)
+        for i in range(head):  # left padding
+            if ids[i] != self.pad_id:
+                break
+            keep[i] = False
+        for i in range(n - 1, n - 1 - tail, -1):  # right padding
+            if ids[i] != self.pad_id:
+                break
+            keep[i] = False
+        return keep
 
     def _token_list(self, rec: dict, name: str) -> list:
         value = _lookup(rec, name)
@@ -687,7 +731,7 @@ def _prepare_out(out: Path, overwrite: bool, quarantine: Path | None) -> tuple[l
     if not overwrite:
         raise RolloutError(f"{out}: the output folder is not empty ({len(entries)} entries, e.g. "
                            f"'{entries[0].name}'); pass --overwrite to replace its shards, or choose an empty folder")
-    foreign = [e for e in entries if not (e.is_file() and _SHARD_NAME.fullmatch(e.name))]
+    foreign = [e for e in entries if not (e.is_file() and (_SHARD_NAME.fullmatch(e.name) or e.name == ROLLOUTS_MANIFEST))]
     if foreign:
         raise RolloutError(f"{out}: --overwrite only replaces rollout shards (part-NNNNN.parquet), but the folder "
                            f"also holds '{foreign[0].name}'; empty it yourself or choose another folder")
@@ -757,7 +801,8 @@ def convert_nemo_rl(paths: str | os.PathLike | Iterable[str | os.PathLike], out_
 
 def convert_generic(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir: str | os.PathLike,
                     mapping: Mapping[str, str] | None = None, *, prompt_field: str | None = None,
-                    response_field: str | None = None, keep_extra: bool = False,
+                    response_field: str | None = None, keep_extra: bool = False, pad_id: int | None = None,
+                    mask_field: str | None = None,
                     shard_rows: int = DEFAULT_SHARD_ROWS, on_bad: OnBad = "fail",
                     quarantine: str | os.PathLike | None = None, overwrite: bool = False,
                     progress: ProgressCallback | None = None) -> ConvertResult:
@@ -767,12 +812,15 @@ def convert_generic(paths: str | os.PathLike | Iterable[str | os.PathLike], out_
     field named like a schema column is used without a mapping. ``prompt_field`` +
     ``response_field`` build ``input_ids`` as their concatenation with ``loss_mask`` 0 on the
     prompt and 1 on the response. ``group_id`` defaults to a hash of the prompt tokens.
+    Padded token lists: ``mask_field`` names a 0/1 attention (or response) mask whose 0s are
+    dropped, or ``pad_id`` strips runs of that id at the padded ends (every per-token column is
+    cut alike).
 
     >>> convert_generic("dump.jsonl", "rollouts/x", {"input_ids": "tokens", "loss_mask": "mask",
     ...                                              "reward": "score"})
     """
     source = _Generic(paths, mapping, prompt_field=prompt_field, response_field=response_field,
-                      keep_extra=keep_extra)
+                      keep_extra=keep_extra, pad_id=pad_id, mask_field=mask_field)
     return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
                 overwrite=overwrite, progress=progress)
 
@@ -788,9 +836,13 @@ examples:
       --on-bad skip --quarantine bad.jsonl
   critic-pretrain rollouts convert --from generic dump.jsonl --out rollouts/x \\
       --map input_ids=tokens --map loss_mask=mask --map reward=meta.score
-  critic-pretrain rollouts convert --from generic verl_dump.parquet --out rollouts/y \\
-      --prompt-field prompt_ids --response-field response_ids --map reward=score
+  critic-pretrain rollouts convert --from generic padded.parquet --out rollouts/y \\
+      --prompt-field prompt_ids --response-field response_ids --mask-field attention_mask --map reward=score
+  critic-pretrain rollouts convert --from nemo-rl logs/exp_001 --out rollouts/run1 --ppo-config grpo.yaml
 
+verl's trainer.rollout_data_dir dump is decoded text with the special tokens stripped
+(batch_decode(..., skip_special_tokens=True)): token ids cannot be rebuilt from it, so it
+cannot be converted; dump the token ids (prompts, responses, attention mask, reward) instead.
 Row numbers in messages are 0-based; in a JSONL file row N is line N+1.
 Field-by-field mapping of each format: docs/converters.md.
 """
@@ -818,6 +870,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", metavar="PATH",
                    help="the tokenizer (or model folder) that produced the token ids: its fingerprint is recorded "
                         "in OUT/_rollouts.json, and training stops if the model's tokenizer differs")
+    r = p.add_argument_group("rewards: what the dump's rewards are (NeMo-RL logs them after its reward_scaling "
+                             "and reward_shaping), recorded in OUT/_rollouts.json for training and seed check")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument("--ppo-config", metavar="YAML",
+                     help="the collecting run's NeMo-RL config (ppo: or grpo:): its reward_scaling and reward_shaping "
+                          "were applied before logging")
+    how.add_argument("--rewards-raw", action="store_true",
+                     help="the rewards are as the reward function returned them (no scaling, no shaping)")
+    how.add_argument("--rewards-scaled", metavar="SCALE,SHIFT",
+                     help="the rewards were logged as SCALE * raw + SHIFT, e.g. 2,-1 for [0,1] mapped to [-1,1]")
     g = p.add_argument_group("nemo-rl")
     g.add_argument("--reward-field", default="rewards", metavar="FIELD",
                    help="reward field (default rewards; with dynamic sampling maybe filtered_rewards)")
@@ -826,6 +888,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="take schema COLUMN from source FIELD (a.b for nested objects); repeatable")
     g.add_argument("--prompt-field", metavar="FIELD", help="prompt token ids (loss_mask 0)")
     g.add_argument("--response-field", metavar="FIELD", help="response token ids (loss_mask 1)")
+    g.add_argument("--mask-field", metavar="FIELD",
+                   help="a 0/1 attention mask over the tokens (or a response mask): tokens where it is 0 are padding "
+                        "and dropped")
+    g.add_argument("--pad-id", type=int, metavar="ID",
+                   help="strip runs of this id at the padded ends (a prompt's left, a response's right); default: "
+                        "the --tokenizer's pad id")
     p.set_defaults(func=run)
 
 
@@ -833,6 +901,7 @@ def run(args: argparse.Namespace) -> int:
     """``rollouts convert``: convert, print a one-line summary; 1 when nothing was written."""
     common = dict(keep_extra=args.keep_extra, shard_rows=args.shard_rows, on_bad=args.on_bad,
                   quarantine=args.quarantine, overwrite=args.overwrite, progress=_stderr)
+    rewards = _rewards_logged(args)
     tokenizer = None
     if args.tokenizer:
         from .tokenizer import fingerprint_of
@@ -841,9 +910,9 @@ def run(args: argparse.Namespace) -> int:
             raise RolloutError(f"--tokenizer {args.tokenizer}: no loadable tokenizer there; pass the folder with "
                                "tokenizer.json / tokenizer_config.json of the policy that generated the rollouts")
     if args.source == "nemo-rl":
-        if args.map or args.prompt_field or args.response_field:
-            raise RolloutError("--map/--prompt-field/--response-field are for --from generic; "
-                               "NeMo-RL dumps are mapped already")
+        if args.map or args.prompt_field or args.response_field or args.mask_field or args.pad_id is not None:
+            raise RolloutError("--map/--prompt-field/--response-field/--mask-field/--pad-id are for --from generic; "
+                               "NeMo-RL dumps are mapped already (input_lengths cuts their padding)")
         result = convert_nemo_rl(args.paths, args.out, reward_field=args.reward_field, **common)
     else:
         mapping: dict[str, str] = {}
@@ -851,14 +920,21 @@ def run(args: argparse.Namespace) -> int:
             if column in mapping:
                 raise RolloutError(f"--map {column}=...: given twice; map each column once")
             mapping[column] = source_field
+        pad_id = args.pad_id
+        if pad_id is None and tokenizer is not None and not args.mask_field:
+            pad_id = tokenizer["special_ids"].get("pad_token_id")
+            if pad_id is not None:
+                _stderr(f"stripping runs of the tokenizer's pad id {pad_id} at the padded ends (--pad-id to change)")
         result = convert_generic(args.paths, args.out, mapping, prompt_field=args.prompt_field,
-                                 response_field=args.response_field, **common)
+                                 response_field=args.response_field, pad_id=pad_id, mask_field=args.mask_field,
+                                 **common)
     print(result.summary())
-    if tokenizer is not None and result.rows_written:
-        from .fileio import write_json
-        from .tokenizer import ROLLOUTS_MANIFEST
-        write_json(Path(result.out_dir) / ROLLOUTS_MANIFEST, {"generator": "rollouts.convert", "from": args.source,
-                                                              "tokenizer": tokenizer})
+    if result.rows_written:  # replaces a previous conversion's (--overwrite)
+        from .provenance import write_manifest
+        write_manifest(result.out_dir, generator="rollouts.convert", **{"from": args.source}, tokenizer=tokenizer,
+                       rewards=rewards.to_dict() if rewards else None)
+        if rewards is None and args.source == "nemo-rl":
+            _warn_scaled(result.shards)
     if result.rows_skipped or result.bad_files:
         print(f"bad rows and files are listed in {result.quarantine}" if result.quarantine
               else "pass --quarantine FILE.jsonl to list every bad row")
@@ -867,6 +943,39 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"next: critic-pretrain rollouts check {result.out_dir}")
     return 0
+
+
+def _rewards_logged(args: argparse.Namespace):
+    """What ``--ppo-config`` / ``--rewards-raw`` / ``--rewards-scaled`` say of the dump's rewards, or None."""
+    from .provenance import RewardsLogged
+    if args.ppo_config:
+        from .ppo_config import read_ppo_config
+        settings = read_ppo_config(args.ppo_config, grpo=True)
+        if settings.framework != "nemo-rl":
+            raise RolloutError(f"--ppo-config {args.ppo_config}: a {settings.framework} config; only NeMo-RL applies its "
+                               "reward settings before logging: state what the dump holds with --rewards-raw or "
+                               "--rewards-scaled SCALE,SHIFT")
+        return RewardsLogged.from_ppo_settings(settings, f"--ppo-config {args.ppo_config}")
+    if args.rewards_raw:
+        return RewardsLogged(stated_by="--rewards-raw")
+    if args.rewards_scaled:
+        return RewardsLogged.parse(args.rewards_scaled, "--rewards-scaled")
+    return None
+
+
+def _warn_scaled(shards: list[Path]) -> None:
+    """Once, when NeMo-RL rewards fall outside its default reward_scaling source range: they are
+    probably scaled already, and nothing says so."""
+    from .provenance import NEMO_RL_SOURCE_RANGE
+    rewards = pa.concat_arrays([pq.read_table(s, columns=["reward"]).column("reward").combine_chunks()
+                                for s in shards])
+    lo, hi = pc.min(rewards).as_py(), pc.max(rewards).as_py()
+    smin, smax = NEMO_RL_SOURCE_RANGE
+    if lo is not None and (lo < smin or hi > smax):
+        _stderr(f"warning: the rewards span [{lo:g}, {hi:g}], outside [{smin:g}, {smax:g}] (NeMo-RL's default "
+                "reward_scaling source range); NeMo-RL logs rewards after reward_scaling and reward_shaping, so "
+                "these may be scaled already: re-convert with --ppo-config <the collecting run's YAML> (or "
+                "--rewards-raw / --rewards-scaled SCALE,SHIFT) so that training and seed check know the scale")
 
 
 def _mapping_arg(text: str) -> tuple[str, str]:

@@ -82,6 +82,23 @@ def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
     return out
 
 
+def archive_folder(spec) -> Path | None:
+    """The folder whose ``_rollouts.json`` describes a rollout spec: the folder itself, a
+    file's folder, a glob's fixed leading folder, the bundled sample's; None for datasets."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return None
+    s = os.fspath(spec)
+    if s.startswith(HF_PREFIX):
+        return None
+    if s == BUILTIN_SAMPLE:
+        return Path(__file__).parent / "sample"
+    p = Path(s).expanduser()
+    if _is_glob(s):
+        fixed = [part for part in p.parts[:next(i for i, part in enumerate(p.parts) if _is_glob(part))]]
+        return Path(*fixed) if fixed else Path(".")
+    return p if p.is_dir() else p.parent
+
+
 HF_PREFIX = "hf:"
 
 

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import Problem, Quarantine, RolloutError
@@ -54,8 +55,11 @@ class Summary:
     _lengths: list = field(default_factory=list, repr=False)
     _rewards: list = field(default_factory=list, repr=False)
     _turns: list = field(default_factory=list, repr=False)
+    padded_ends: Counter = field(default_factory=Counter)
+    """Rollouts ending in PAD_RUN copies of one token id, by that id (padding left in?)."""
 
     def add(self, res: BatchResult) -> None:
+        self.padded_ends.update(trailing_runs(res.batch.column("input_ids"), res.lengths).tolist())
         self.rows += len(res.rows)
         self.bad_rows += len(res.problems)
         self.duplicates += res.duplicates
@@ -79,6 +83,17 @@ class Summary:
     def turns(self) -> np.ndarray:
         return np.concatenate(self._turns) if self._turns else np.zeros(0, np.int32)
 
+    def warnings(self) -> list[str]:
+        """What looks wrong although every row is valid: most rollouts ending in a run of one id
+        (padding converted as tokens: pad ids would train as policy tokens, the reward on a pad)."""
+        if not self.rows or not self.padded_ends:
+            return []
+        pad, n = self.padded_ends.most_common(1)[0]
+        if n <= self.rows / 2:
+            return []
+        return [f"{n:,} of {self.rows:,} rollouts end in {PAD_RUN}+ copies of token id {pad}: padding left in the "
+                f"token ids? Re-convert with --pad-id {pad} or --mask-field <the attention/response mask>"]
+
     def to_dict(self) -> dict:
         lengths, rewards, turns = self.lengths, self.rewards, self.turns
         d = {
@@ -86,7 +101,7 @@ class Summary:
             "rows": self.rows, "bad_rows": self.bad_rows, "duplicates": self.duplicates,
             "tokens": self.tokens, "policy_tokens": self.policy_tokens,
             "problems": dict(sorted(self.problems.items())),
-            "extra_columns": sorted(self.extra_columns),
+            "extra_columns": sorted(self.extra_columns), "warnings": self.warnings(),
         }
         if self.rows:
             q = [50, 90, 99]
@@ -118,6 +133,22 @@ class Summary:
         if d["problems"]:
             out.append("problems       " + ", ".join(f"{k}: {v}" for k, v in d["problems"].items()))
         return "\n".join(out)
+
+
+PAD_RUN = 4
+"""A rollout ending in this many copies of one token id looks padded."""
+
+
+def trailing_runs(ids: pa.Array, lengths: np.ndarray, run: int = PAD_RUN) -> np.ndarray:
+    """The token id that the last ``run`` tokens of each row repeat, for the rows that end so."""
+    flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
+    ends = np.cumsum(lengths.astype(np.int64))
+    rows = np.flatnonzero(lengths >= run)
+    if not len(rows):
+        return np.zeros(0, np.int64)
+    last = flat[ends[rows] - 1]
+    same = np.all([flat[ends[rows] - k] == last for k in range(2, run + 1)], axis=0)
+    return last[same].astype(np.int64)
 
 
 class RolloutReader:

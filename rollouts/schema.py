@@ -42,7 +42,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("group_id", pa.string(), False, False,
            "id of the prompt; rollouts of one group never straddle the train/val split"),
     Column("values", pa.list_(pa.float32()), True, False,
-           "the collecting critic's values, aligned as described above"),
+           "the collecting critic's values: values[t] = V(state before token t), values[0] = 0 "
+           "(NeMo-RL's right_shift_values)"),
     Column("policy_version", pa.int64(), False, False, "policy step that generated the rollout"),
     Column("sample_weight", pa.float64(), False, False,
            "weight of the rollout in the loss (NeMo-RL's sample mask); 0 drops it"),

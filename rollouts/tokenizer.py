@@ -14,6 +14,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from .provenance import read_manifest
+
 SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 
 
@@ -58,13 +60,7 @@ def describe(fp: dict | None) -> str:
     return f"{fp['class']}, {fp['vocab_size']} tokens, vocab hash {fp['vocab_sha256']}" + (f" ({ids})" if ids else "")
 
 
-ROLLOUTS_MANIFEST = "_rollouts.json"
-"""Written next to converted shards: what produced them and the tokenizer's fingerprint."""
-
-
-def recorded(folder: str | Path) -> dict | None:
+def recorded(folder: str | Path | None) -> dict | None:
     """The tokenizer fingerprint recorded with the rollouts in ``folder`` (``_rollouts.json``)."""
-    try:
-        return json.loads((Path(folder) / ROLLOUTS_MANIFEST).read_text()).get("tokenizer")
-    except (OSError, ValueError, AttributeError):
-        return None
+    fp = read_manifest(folder).get("tokenizer") if folder is not None else None
+    return fp if isinstance(fp, dict) else None

@@ -175,7 +175,8 @@ def test_nemo_rl_cli_summary(tmp_path, capsys):
     stdout = capsys.readouterr().out
     assert "converted 3 file(s): 6 rows written to 2 shard(s)" in stdout and "0 rows skipped" in stdout
     assert f"critic-pretrain rollouts check {out}" in stdout
-    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["_rollouts.json", "part-00000.parquet", "part-00001.parquet"]
+    assert json.loads((out / "_rollouts.json").read_text()) == {"generator": "rollouts.convert", "from": "nemo-rl"}
 
 
 # --- generic -----------------------------------------------------------------------------------
@@ -368,7 +369,9 @@ def test_refuses_non_empty_out_and_overwrite_replaces_shards(tmp_path):
     assert "\n" not in str(err.value)
 
     assert cli(argv + ["--overwrite"]) == 0
-    assert [p.name for p in out.iterdir()] == ["part-00000.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["_rollouts.json", "part-00000.parquet"]
+    assert cli(argv + ["--overwrite", "--rewards-raw"]) == 0  # its own _rollouts.json is replaced, not foreign
+    assert json.loads((out / "_rollouts.json").read_text())["rewards"]["stated_by"] == "--rewards-raw"
     assert RolloutReader(out).read_all().num_rows == 6
 
     (out / "notes.txt").write_text("mine")
@@ -392,7 +395,8 @@ def test_convert_records_the_tokenizer_and_training_checks_it(tmp_path, capsys, 
     """--tokenizer: its fingerprint goes to OUT/_rollouts.json; training on those rollouts with a
     model whose tokenizer has another vocabulary stops before step 1, the same one trains."""
     from conftest import tiny_overrides, train_main
-    from rollouts.tokenizer import ROLLOUTS_MANIFEST, fingerprint_of
+    from rollouts.provenance import ROLLOUTS_MANIFEST
+    from rollouts.tokenizer import fingerprint_of
     from test_interop_check import tiny_tokenizer
 
     tok, other = tiny_tokenizer(tmp_path / "tok"), tiny_tokenizer(tmp_path / "other", shuffle=True)
@@ -417,3 +421,55 @@ def test_convert_records_the_tokenizer_and_training_checks_it(tmp_path, capsys, 
     assert not (tmp_path / "bad" / "step_1").exists()
     assert train_main(tiny_overrides(tmp_path / "good", data, **{"model.tokenizer": tok, "train.max_steps": 1,
                                                                    "checkpoint.save_every": 1})) == 0
+
+
+# --- padded dumps ------------------------------------------------------------------------------
+
+PADDED = [{"prompt": [511, 511, 1, 2, 3], "response": [10, 511, 511, 511], "mask": [0, 0, 1, 1, 1, 1, 0, 0, 0],
+           "score": 1.0},
+          {"prompt": [511, 4, 5, 6, 7], "response": [11, 12, 13, 511], "mask": [0, 1, 1, 1, 1, 1, 1, 1, 0],
+           "score": 0.0}]
+
+
+@pytest.mark.parametrize("flags", [["--pad-id", "511"], ["--mask-field", "mask"]])
+def test_padded_prompt_response_dump_drops_the_pads(tmp_path, flags):
+    """The issue's repro: [511,511,1,2,3] + [10,511,511,511] with pad 511 became loss_mask
+    [0,0,0,0,0,1,1,1,1] with the reward on a pad; now the pads are gone."""
+    src = write_jsonl(tmp_path / "padded.jsonl", PADDED)
+    argv = ["convert", "--from", "generic", str(src), "--out", str(tmp_path / "out"), "--prompt-field", "prompt",
+            "--response-field", "response", "--map", "reward=score", *flags]
+    assert cli(argv) == 0
+    rows = sorted(RolloutReader(tmp_path / "out").read_all().to_pylist(), key=lambda r: -r["reward"])
+    assert rows[0]["input_ids"] == [1, 2, 3, 10] and rows[0]["loss_mask"] == [0, 0, 0, 1]
+    assert rows[1]["input_ids"] == [4, 5, 6, 7, 11, 12, 13] and rows[1]["loss_mask"] == [0, 0, 0, 0, 1, 1, 1]
+    assert_clean(tmp_path / "out")
+
+
+def test_tokenizer_pad_is_the_default_and_check_warns_about_padding(tmp_path, capsys):
+    from rollouts.cli import main as rollouts_main
+    from test_interop_check import tiny_tokenizer
+
+    records = [{"input_ids": [3, 7, 8, 9] + [0] * 5, "loss_mask": [0, 1, 1, 1] + [1] * 5, "reward": 1.0}
+               for _ in range(4)]
+    src = write_jsonl(tmp_path / "dump.jsonl", records)
+    assert cli(["convert", "--from", "generic", str(src), "--out", str(tmp_path / "plain")]) == 0
+    capsys.readouterr()
+    assert rollouts_main(["check", str(tmp_path / "plain")]) == 0
+    out = capsys.readouterr().out
+    assert "4 of 4 rollouts end in 4+ copies of token id 0: padding left in the token ids?" in out
+    assert "--pad-id 0" in out
+
+    tok = tiny_tokenizer(tmp_path / "tok")  # pad id 0
+    assert cli(["convert", "--from", "generic", str(src), "--out", str(tmp_path / "tok_out"),
+                "--tokenizer", str(tok)]) == 0
+    assert "stripping runs of the tokenizer's pad id 0" in capsys.readouterr().err
+    assert {tuple(r["input_ids"]) for r in RolloutReader(tmp_path / "tok_out").read_all().to_pylist()} == {(3, 7, 8, 9)}
+    assert rollouts_main(["check", str(tmp_path / "tok_out")]) == 0
+    assert "padding left" not in capsys.readouterr().out
+
+
+def test_mask_field_of_the_wrong_length_is_one_bad_row(tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", [{**PADDED[0], "mask": [1, 1]}])
+    with pytest.raises(RolloutError, match="'mask' has 2 entries for 9 tokens \\(4 in the response\\)"):
+        convert_generic(src, tmp_path / "out", {"reward": "score"}, prompt_field="prompt",
+                        response_field="response", mask_field="mask")

@@ -564,7 +564,8 @@ def test_rollouts_of_another_tokenizer_fail_eval_and_seed_check(tok_run, toy_dat
     """The training check everywhere rollouts meet a model: `eval --rollouts` refuses in one line and
     `seed check --rollouts` fails (before: PASSED, and eval ran without a word)."""
     from critic_pretrain.cli import main
-    from rollouts.tokenizer import ROLLOUTS_MANIFEST, fingerprint_of
+    from rollouts.provenance import ROLLOUTS_MANIFEST
+    from rollouts.tokenizer import fingerprint_of
 
     step, tok = tok_run
     other = fingerprint_of(tiny_tokenizer(tmp_path / "other-tok", shuffle=True))

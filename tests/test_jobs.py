@@ -123,8 +123,10 @@ def test_finished_job_skipped_and_failed_job_isolated(toy_data, tmp_path, capsys
     assert {n: j["status"] for n, j in s.items()} == {"done": "skipped", "bad": "failed", "after": "done"}
     assert s["bad"]["exit_code"] == 2 and s["bad"]["final_step"] is None
     assert s["after"]["final_step"] == 4 and s["done"]["final_step"] == 4
+    assert "missing: no such file or folder" in s["bad"]["reason"] and s["after"]["reason"] is None
     table = capsys.readouterr().out
     assert "skipped (already finished)" in table and "failed (exit 2)" in table
+    assert f"bad: {s['bad']['reason']}" in table  # each failed job's own error line under the table
 
 
 def test_fail_fast_and_clean_exit_without_finishing(toy_data, tmp_path):

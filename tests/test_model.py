@@ -73,14 +73,22 @@ def test_head_options():
     assert isinstance(m.dropout, torch.nn.Dropout) and m.dropout.p == 0.0
 
 
-def test_init_from_pretrained_backbone(tmp_path):
+def test_init_from_pretrained_backbone(tmp_path, capfd, caplog):
+    """Weights equal the LM's; the expected key differences are one log line, not transformers'
+    LOAD REPORT table (score.* MISSING, lm_head.weight UNEXPECTED)."""
     config = AutoConfig.for_model(**TINY_MODEL)
     lm = AutoModelForCausalLM.from_config(config)
     lm.save_pretrained(tmp_path / "lm")
-    vm = build_value_model(ModelConfig(name_or_path=str(tmp_path / "lm")))
+    capfd.readouterr()
+    with caplog.at_level("INFO", logger="critic_pretrain.model"):
+        vm = build_value_model(ModelConfig(name_or_path=str(tmp_path / "lm")))
     for k, v in lm.model.state_dict().items():
         assert torch.equal(vm.model.state_dict()[k], v), k
     assert vm.score.weight.abs().sum() > 0
+    printed = capfd.readouterr()
+    assert "LOAD REPORT" not in printed.err + printed.out and "not sharded" not in printed.err
+    assert any("new value head (score.bias, score.weight); the LM head (lm_head.weight) is left out" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_init_from_reward_model(tmp_path):

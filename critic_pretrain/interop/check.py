@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from rollouts import fileio
+from rollouts.provenance import RewardsLogged
 
 from .. import checkpoint as ckpt
 from .. import preflight
@@ -112,6 +113,11 @@ class SeedReport:
             lines.append(f"  config.json mean {norm['mean']:.6g}, std {norm['std']:g}: OpenRLHF applies "
                          "(value - mean) / std only with --normalize_reward / --reward.normalize_enable")
         lines.append(f"  trained on: {_describe_targets(f.get('targets'))}")
+        logged = (f.get("rewards") or {}).get("logged")
+        if logged:
+            r = RewardsLogged.from_dict(logged)
+            lines.append(f"  rewards relative to the reward function's: the rollouts logged them as {r.formula()} "
+                         f"({r.stated_by})")
         if self.kind == "step":
             lines.append(f"  tokenizer: {describe_tokenizer(f.get('tokenizer_fingerprint'))}")
         if f.get("training_info"):
@@ -421,7 +427,8 @@ def _check_manifest(report: SeedReport, root: Path) -> dict | None:
     if manifest.get("format_version", 1) > ckpt.FORMAT_VERSION:
         report.warn(f"{ckpt.MANIFEST} has format_version {manifest['format_version']}, newer than this "
                     f"critic-pretrain reads ({ckpt.FORMAT_VERSION}); upgrade critic-pretrain")
-    report.facts["targets"] = manifest.get("targets")
+    report.facts["targets"] = effective_targets(manifest)
+    report.facts["rewards"] = (manifest.get("data") or {}).get("rewards")
     report.facts["model_name_or_path"] = (manifest.get("model") or {}).get("name_or_path")
     report.facts["target_std"] = _target_std(manifest)
     report.facts["exported"] = manifest.get("exported")
@@ -448,6 +455,15 @@ def _check_training_info(report: SeedReport, root: Path) -> None:
         report.fail("info", f"training_info.json says total_steps={info.get('total_steps')} but the folder is "
                             f"step_{step}: it was renamed or mixed with another step's files; use the folder "
                             f"named after its step, or re-export it")
+
+
+def effective_targets(manifest: dict) -> dict | None:
+    """The manifest's targets with the reward transform taken relative to the raw reward: the
+    archive's own scaling (``data.rewards.logged``, e.g. a NeMo-RL dump's) composed with the
+    targets' transform. As recorded when the archive did not say."""
+    targets = manifest.get("targets")
+    logged = ((manifest.get("data") or {}).get("rewards") or {}).get("logged")
+    return RewardsLogged.from_dict(logged).compose(targets) if targets and logged else targets
 
 
 def _check_metrics(report: SeedReport, info: dict, path: Path) -> None:
@@ -814,7 +830,8 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
     manifest = fileio.read_json(root / EXPORT_MANIFEST)
     if manifest:
         report.facts["step"] = manifest.get("step")
-        report.facts["targets"] = manifest.get("targets")
+        report.facts["targets"] = effective_targets(manifest)
+        report.facts["rewards"] = (manifest.get("data") or {}).get("rewards")
         report.facts["exported"] = manifest.get("exported")
         report.facts["target_std"] = _target_std(manifest)
     _facts(report, shapes, config, manifest)

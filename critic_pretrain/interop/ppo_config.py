@@ -1,143 +1,32 @@
-"""The PPO run's conventions, read from its own config, against the seed's (``seed check --ppo-config``).
+"""The PPO run's conventions against the seed's (``seed check --ppo-config``).
 
 The most common silent failure of a warm start is a convention mismatch: another gamma, a
 reward scaled differently from what the critic saw, another base model or a longer context.
-No PPO framework checks this. ``read_ppo_config`` reads:
+No PPO framework checks this. ``rollouts.ppo_config.read_ppo_config`` reads the PPO run's
+config; ``compare`` turns differences into problems (the warm start would be wrong: gamma, the
+reward map, the model's architecture) and warnings (worth a look: the critic's lambda, reward
+shaping or normalisation, a context longer than the critic was trained on).
 
-- a NeMo-RL PPO YAML (``ppo.adv_estimator``, ``ppo.reward_scaling``, ``ppo.reward_shaping``,
-  ``value.model_name``, ``value`` / ``policy.max_total_sequence_length``; ``defaults:`` files
-  merged and ``${a.b}`` references resolved, as NeMo-RL's OmegaConf loader does);
-- a verl config YAML, or a file of verl's ``key=value`` command-line overrides
-  (``algorithm.gamma`` / ``lam``, ``critic.model.path``, ``data.max_prompt_length`` +
-  ``max_response_length``; verl has no reward transform);
-- an OpenRLHF ``train_ppo_ray`` command line or args file, flat (``--gamma``, ``--lambd``,
-  ``--normalize_reward``, ``--critic_pretrain``, ``--prompt_max_len`` + ``--generate_max_len``)
-  or nested (``--algo.advantage.gamma`` ...).
-
-Defaults are each framework's own where a key is absent (docs/design.md). ``compare`` turns
-differences into problems (the warm start would be wrong: gamma, the reward map, the model's
-architecture) and warnings (worth a look: the critic's lambda, reward shaping or
-normalisation we cannot map, a context longer than the critic was trained on).
+Rewards are compared relative to the reward function's raw output. The critic's scale is its
+``targets`` transform applied to the archive's rewards, and the archive's own relation to the
+raw ones (``rollouts.provenance.RewardsLogged``: NeMo-RL dumps hold rewards after NeMo-RL's
+``reward_scaling``) when the archive recorded it. When it did not, rewards outside the PPO
+run's ``reward_scaling`` source range but inside its target range are taken for what they
+almost always are, rewards scaled already, and the seed fails instead of advising a second
+scaling.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
+from rollouts.ppo_config import PPOSettings, read_ppo_config
+from rollouts.provenance import RewardsLogged
 
-from ..errors import UserError, first_line
+__all__ = ["PPOSettings", "compare", "local_model", "read_ppo_config"]
 
-REF = re.compile(r"^\$\{([A-Za-z0-9_.]+)\}$")
+EPS = 1e-6
 
-
-@dataclass
-class PPOSettings:
-    """What a PPO config says about the conventions a warm critic must share."""
-
-    framework: str
-    source: Path
-    gamma: float
-    lam: float
-    """The lambda the PPO run trains its critic with."""
-    reward_scale: float = 1.0
-    reward_shift: float = 0.0
-    reward_clip: tuple[float, float] | None = None
-    reward_notes: list[str] = field(default_factory=list)
-    """Reward changes we cannot map onto the seed's transform (shaping, running normalisation)."""
-    model: str | None = None
-    """The critic's model in the PPO run (a folder or a hub id)."""
-    max_length: int | None = None
-    """Longest sequence (prompt + response) the PPO run feeds the critic."""
-
-
-def read_ppo_config(path: str | Path) -> PPOSettings:
-    """Detect the framework from the file and read its settings; a one-line UserError otherwise."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--ppo-config {path}: no such file; pass the PPO run's YAML (NeMo-RL, verl) or its "
-                        "OpenRLHF command line saved to a file")
-    text = p.read_text(errors="replace")
-    if p.suffix in (".yaml", ".yml"):
-        cfg = _load_yaml(p)
-        if "ppo" in cfg:
-            return _nemo_rl(cfg, p)
-        if "algorithm" in cfg or "critic" in cfg:
-            return _verl(cfg, p)
-        raise UserError(f"--ppo-config {path}: neither a NeMo-RL PPO config (no `ppo:` section) nor a verl config "
-                        "(no `algorithm:` or `critic:` section)")
-    tokens = shlex.split(text.replace("\\\n", " "), comments=True)
-    if any(t.startswith("--") for t in tokens):
-        return _openrlhf(_flags(tokens), p)
-    overrides = dict(t.split("=", 1) for t in tokens if "=" in t and not t.startswith("-"))
-    if any(k.lstrip("+").startswith(("algorithm.", "critic.", "data.")) for k in overrides):
-        cfg: dict = {}
-        for key, value in overrides.items():
-            _set(cfg, key.lstrip("+").split("."), yaml.safe_load(value))
-        return _verl(cfg, p)
-    raise UserError(f"--ppo-config {path}: not a YAML file, an OpenRLHF command line (--flags) or verl overrides "
-                    "(algorithm.gamma=...)")
-
-
-# ---------------------------------------------------------------------------------------------
-# Frameworks
-
-def _nemo_rl(cfg: dict, p: Path) -> PPOSettings:
-    adv = _get(cfg, "ppo.adv_estimator") or {}
-    lam = adv.get("gae_lambda_value")
-    s = PPOSettings("nemo-rl", p, gamma=float(adv.get("gae_gamma", 1.0)),
-                    lam=float(lam if lam is not None else adv.get("gae_lambda", 1.0)))
-    scaling = _get(cfg, "ppo.reward_scaling") or {}
-    if scaling.get("enabled"):  # clamp to [source_min, source_max], map linearly to [target_min, target_max]
-        smin, smax = float(scaling.get("source_min", 0.0)), float(scaling.get("source_max", 1.0))
-        tmin, tmax = float(scaling.get("target_min", 0.0)), float(scaling.get("target_max", 1.0))
-        s.reward_scale = (tmax - tmin) / (smax - smin)
-        s.reward_shift = tmin - smin * s.reward_scale
-        s.reward_clip = (min(tmin, tmax), max(tmin, tmax))
-    if (_get(cfg, "ppo.reward_shaping") or {}).get("enabled"):
-        s.reward_notes.append("ppo.reward_shaping is enabled (overlong penalties change the rewards of long "
-                              "responses); the critic saw the rewards without it")
-    s.model = _get(cfg, "value.model_name") or _get(cfg, "policy.model_name")
-    length = _get(cfg, "value.max_total_sequence_length") or _get(cfg, "policy.max_total_sequence_length")
-    s.max_length = int(length) if isinstance(length, (int, float)) else None
-    return s
-
-
-def _verl(cfg: dict, p: Path) -> PPOSettings:
-    s = PPOSettings("verl", p, gamma=float(_get(cfg, "algorithm.gamma", 1.0)), lam=float(_get(cfg, "algorithm.lam", 1.0)))
-    s.model = _get(cfg, "critic.model.path") or _get(cfg, "actor_rollout_ref.model.path")
-    prompt, response = _get(cfg, "data.max_prompt_length", 512), _get(cfg, "data.max_response_length", 512)
-    s.max_length = int(prompt) + int(response)
-    return s
-
-
-def _openrlhf(flags: dict[str, Any], p: Path) -> PPOSettings:
-    nested = any("." in k for k in flags)
-
-    def pick(new: str, old: str, default):
-        return flags.get(new, flags.get(old, default))
-
-    # Defaults: train_ppo_ray's own (nested CLI: gamma 1, lambd 1; flat CLI <= 0.8: gamma 1, lambd 0.95).
-    s = PPOSettings("openrlhf", p, gamma=float(pick("algo.advantage.gamma", "gamma", 1.0)),
-                    lam=float(pick("algo.advantage.lambd", "lambd", 1.0 if nested else 0.95)))
-    if pick("reward.normalize_enable", "normalize_reward", False):
-        s.reward_notes.append("reward normalisation is on (--normalize_reward / --reward.normalize_enable: rewards "
-                              "divided by a running std); the critic saw unnormalised rewards")
-    s.model = (pick("critic.model_name_or_path", "critic_pretrain", None)
-               or pick("actor.model_name_or_path", "pretrain", None))
-    if "data.max_len" in flags or nested:
-        s.max_length = int(flags.get("data.max_len", 2048))
-    else:
-        s.max_length = int(flags.get("prompt_max_len", 1024)) + int(flags.get("generate_max_len", 1024))
-    return s
-
-
-# ---------------------------------------------------------------------------------------------
-# Comparison
 
 def local_model(settings: PPOSettings) -> str | None:
     """The PPO run's critic model when it is a local folder (its architecture is then checked
@@ -156,17 +45,7 @@ def compare(report, settings: PPOSettings, step_config: dict | None, *, model_ch
         report.fail("convention", f"{where}: gamma {settings.gamma:g}, but the critic was trained with gamma "
                     f"{gamma:g}: its values estimate another return; set the PPO gamma to {gamma:g}, or retrain "
                     f"with targets.gamma={settings.gamma:g}")
-    scale, shift = t.get("reward_scale", 1.0), t.get("reward_shift", 0.0)
-    if abs(settings.reward_scale - scale) > 1e-6 or abs(settings.reward_shift - shift) > 1e-6:
-        report.fail("convention", f"{where}: the PPO run's rewards are {_affine(settings.reward_scale, settings.reward_shift)} "
-                    f"of the raw ones, the critic's were {_affine(scale, shift)}: its values are on another scale; "
-                    f"retrain with targets.reward_scale={settings.reward_scale:g} "
-                    f"targets.reward_shift={settings.reward_shift:g}, or change the PPO reward scaling")
-    elif settings.reward_clip and not t.get("reward_clip"):
-        report.warn(f"{where}: the PPO run clips rewards to [{settings.reward_clip[0]:g}, {settings.reward_clip[1]:g}]; "
-                    "the critic saw them unclipped (the same if raw rewards stay in the source range)")
-    for note in settings.reward_notes:
-        report.warn(f"{where}: {note}")
+    compare_rewards(report, settings, t, report.facts.get("rewards") or {}, where)
     lam = t.get("lam", 1.0)
     if abs(settings.lam - lam) > 1e-9:
         report.warn(f"{where}: the PPO run trains the critic with lambda {settings.lam:g}, it was pretrained with "
@@ -183,6 +62,60 @@ def compare(report, settings: PPOSettings, step_config: dict | None, *, model_ch
                     "was not compared; pass --model-config with its folder or config.json")
 
 
+def compare_rewards(report, settings: PPOSettings, t: dict, rewards: dict, where: str) -> None:
+    """The reward scale the critic saw against the one the PPO critic will see, both relative to
+    the raw reward; NeMo-RL's clamp to its source range; reward shaping on either side.
+
+    ``t``: the seed's targets, already relative to the raw reward when the archive recorded how
+    it logged them (``check.effective_targets``); ``rewards``: the manifest's ``data.rewards``
+    (``logged``: a ``RewardsLogged`` dict or None, ``min`` / ``max``: the archive's range)."""
+    logged = RewardsLogged.from_dict(rewards["logged"]) if rewards.get("logged") else None
+    lo, hi = rewards.get("min"), rewards.get("max")
+    scale, shift = t.get("reward_scale", 1.0), t.get("reward_shift", 0.0)
+    in_range = False  # the critic's raw rewards are known to lie where the PPO run's clamp does nothing
+    if settings.reward_source and lo is not None:
+        smin, smax = settings.reward_source
+        raw_lo, raw_hi = sorted((logged.to_raw(lo), logged.to_raw(hi))) if logged else (lo, hi)
+        in_range = smin - EPS <= raw_lo and raw_hi <= smax + EPS
+        if not in_range:
+            tmin, tmax = settings.reward_clip
+            if logged is None and tmin - EPS <= lo and hi <= tmax + EPS:
+                report.fail("convention", f"{where}: the critic's rollouts hold rewards in [{lo:g}, {hi:g}], outside "
+                            f"the PPO run's reward_scaling source range [{smin:g}, {smax:g}] and inside its target "
+                            f"range [{tmin:g}, {tmax:g}]: they are almost certainly scaled already (NeMo-RL logs "
+                            "rewards after reward_scaling), and scaling them again gives the critic another scale; "
+                            "re-convert them with rollouts convert --ppo-config <the collecting run's YAML> (or "
+                            "--rewards-scaled SCALE,SHIFT / --rewards-raw) and retrain")
+                return
+            report.warn(f"{where}: the PPO run clamps raw rewards to [{smin:g}, {smax:g}] before scaling them; the "
+                        f"critic's rollouts reach [{raw_lo:g}, {raw_hi:g}] in raw units: its values for rollouts "
+                        "past that range are on another scale")
+    if abs(settings.reward_scale - scale) > EPS or abs(settings.reward_shift - shift) > EPS:
+        a, b = (logged.scale, logged.shift) if logged else (1.0, 0.0)
+        need = settings.reward_scale / a
+        assumed = (f" (the rollouts logged them as {logged.formula()}, {logged.stated_by})" if logged else
+                   " (taking the rollouts' rewards as raw: the archive does not say how they were logged)")
+        report.fail("convention", f"{where}: the PPO run's rewards are {_affine(settings.reward_scale, settings.reward_shift)} "
+                    f"of the raw ones, the critic's were {_affine(scale, shift)}{assumed}: its values are on another "
+                    f"scale; retrain with targets.reward_scale={need:g} targets.reward_shift="
+                    f"{settings.reward_shift - need * b:g}, or change the PPO reward scaling")
+    elif settings.reward_clip and not t.get("reward_clip") and not in_range:
+        report.warn(f"{where}: the PPO run clips rewards to [{settings.reward_clip[0]:g}, {settings.reward_clip[1]:g}]; "
+                    "the critic saw them unclipped (the same if raw rewards stay in the source range)")
+    for note in settings.reward_notes:
+        report.warn(f"{where}: {note}")
+    shaped = logged.shaped if logged else None
+    if settings.reward_shaping and shaped is None:
+        report.warn(f"{where}: ppo.reward_shaping is enabled (overlong penalties change the rewards of long responses); "
+                    "the archive does not say whether the critic's rollouts were shaped (rollouts convert --ppo-config "
+                    "records it)")
+    elif shaped is not None and settings.reward_shaping != shaped:
+        report.warn(f"{where}: " + ("ppo.reward_shaping is enabled, the critic's rollouts were logged without it"
+                                    if settings.reward_shaping else
+                                    "the critic's rollouts were logged with reward shaping, this PPO run does not "
+                                    "shape") + ": rewards of long responses differ from what the critic saw")
+
+
 def _trained_length(step_config: dict | None) -> int | None:
     data = (step_config or {}).get("data") or {}
     return data.get("max_length") or data.get("max_tokens")
@@ -192,67 +125,3 @@ def _affine(scale: float, shift: float) -> str:
     if (scale, shift) == (1.0, 0.0):
         return "r (as given)"
     return f"{scale:g}*r {'+' if shift >= 0 else '-'} {abs(shift):g}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading
-
-def _load_yaml(p: Path, depth: int = 0) -> dict:
-    try:
-        cfg = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"--ppo-config {p}: not valid YAML ({first_line(e)})") from None
-    if not isinstance(cfg, dict):
-        raise UserError(f"--ppo-config {p}: the YAML is not a mapping of keys")
-    parents = cfg.pop("defaults", None)
-    if isinstance(parents, str) and depth < 10:  # NeMo-RL: `defaults: ../base.yaml`, the child wins
-        parent = (p.parent / parents).resolve()
-        if parent.is_file():
-            cfg = _merge(_load_yaml(parent, depth + 1), cfg)
-    return _resolve(cfg, cfg) if depth == 0 else cfg
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _resolve(node: Any, root: dict, depth: int = 0) -> Any:
-    """``${a.b}`` references (OmegaConf's plain interpolation) replaced by their values."""
-    if isinstance(node, dict):
-        return {k: _resolve(v, root, depth) for k, v in node.items()}
-    if isinstance(node, str) and depth < 10 and (m := REF.match(node)):
-        return _resolve(_get(root, m.group(1)), root, depth + 1)
-    return node
-
-
-def _get(cfg: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return default if node is None else node
-
-
-def _set(cfg: dict, parts: list[str], value: Any) -> None:
-    for part in parts[:-1]:
-        cfg = cfg.setdefault(part, {})
-    cfg[parts[-1]] = value
-
-
-def _flags(tokens: list[str]) -> dict[str, Any]:
-    """``--key value`` / ``--key=value`` / bare ``--flag`` (True), keys without the dashes."""
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok.startswith("--"):
-            key, eq, value = tok[2:].partition("=")
-            if not eq and i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                value, i = tokens[i + 1], i + 1
-            out[key] = yaml.safe_load(value) if (eq or value) else True
-        i += 1
-    return out

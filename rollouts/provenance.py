@@ -1,0 +1,118 @@
+"""What a rollout archive knows of its collecting run: ``_rollouts.json`` beside the shards.
+
+``rollouts convert`` writes it; training reads it before step 1 and copies what it says into
+every checkpoint's manifest, where ``seed check`` reads it. Today it holds the tokenizer's
+fingerprint (``rollouts.tokenizer``) and how the logged rewards relate to the reward
+function's (``RewardsLogged``): NeMo-RL logs ``rewards`` *after* its ``reward_scaling`` and
+``reward_shaping`` (grpo.py and the PPO loop call ``scale_rewards`` before the training-data
+log), so a critic trained on such a dump has seen scaled rewards already.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import UserError
+from .fileio import write_json
+
+ROLLOUTS_MANIFEST = "_rollouts.json"
+"""Written next to converted shards: what produced them (the leading underscore makes parquet
+dataset readers skip it)."""
+
+NEMO_RL_SOURCE_RANGE = (0.0, 1.0)
+"""NeMo-RL's default ``reward_scaling.source_min`` / ``source_max``."""
+
+
+@dataclass(frozen=True)
+class RewardsLogged:
+    """How the rewards in the archive relate to the reward function's raw ones:
+    ``logged = clip(scale * clamp(raw, source_range) + shift)``, shaped when ``shaped``."""
+
+    scale: float = 1.0
+    shift: float = 0.0
+    clip: tuple[float, float] | None = None
+    """The logged range after NeMo-RL's mapping (target_min, target_max)."""
+    source_range: tuple[float, float] | None = None
+    """NeMo-RL clamped raw rewards to this range before mapping them."""
+    shaped: bool = False
+    """Overlong reward shaping was applied before logging."""
+    stated_by: str = ""
+    """Where this comes from: ``--ppo-config FILE``, ``--rewards-raw``, ``--rewards-scaled``."""
+
+    @property
+    def is_raw(self) -> bool:
+        return (self.scale, self.shift, self.clip, self.shaped) == (1.0, 0.0, None, False)
+
+    def to_raw(self, logged: float) -> float:
+        """The raw reward a logged one came from (the affine part; clamping is not undone)."""
+        return (logged - self.shift) / self.scale
+
+    def formula(self) -> str:
+        """``2*r - 1``-style text of the map from raw rewards ``r`` to logged ones."""
+        if (self.scale, self.shift) == (1.0, 0.0):
+            text = "r (as given)"
+        else:
+            text = f"{self.scale:g}*r {'+' if self.shift >= 0 else '-'} {abs(self.shift):g}"
+        return text + (", shaped" if self.shaped else "")
+
+    def compose(self, targets: dict) -> dict:
+        """A manifest's ``targets`` (a reward transform of the logged rewards) as a transform of
+        the raw rewards: ``targets(logged(r))``. The logged clip becomes the clip when the targets
+        set none."""
+        ts, tb, clip = targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")
+        if clip is None and self.clip is not None:
+            clip = sorted((ts * self.clip[0] + tb, ts * self.clip[1] + tb))
+        return {**targets, "reward_scale": ts * self.scale, "reward_shift": ts * self.shift + tb, "reward_clip": clip}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RewardsLogged":
+        d = dict(d)
+        for key in ("clip", "source_range"):
+            if d.get(key) is not None:
+                d[key] = tuple(float(x) for x in d[key])
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    @classmethod
+    def from_ppo_settings(cls, settings, stated_by: str) -> "RewardsLogged":
+        """What the collecting run (a ``rollouts.ppo_config.PPOSettings``) applied before logging."""
+        if settings.reward_notes:
+            raise UserError(f"{stated_by}: {settings.reward_notes[0]}: a logged reward cannot be mapped back to the raw "
+                            "one; state what the dump holds with --rewards-raw or --rewards-scaled SCALE,SHIFT")
+        return cls(settings.reward_scale, settings.reward_shift, settings.reward_clip, settings.reward_source,
+                   settings.reward_shaping, stated_by)
+
+    @classmethod
+    def parse(cls, text: str, stated_by: str) -> "RewardsLogged":
+        """``SCALE,SHIFT`` (``--rewards-scaled 2,-1``: logged = 2 * raw - 1)."""
+        try:
+            scale, shift = (float(x) for x in text.split(","))
+        except ValueError:
+            raise UserError(f"{stated_by} {text!r}: write SCALE,SHIFT, e.g. 2,-1 for rewards logged as 2*r - 1") from None
+        if scale == 0:
+            raise UserError(f"{stated_by} {text}: SCALE must not be 0")
+        return cls(scale, shift, stated_by=f"{stated_by} {text}")
+
+
+def write_manifest(out_dir: str | Path, **facts) -> None:
+    """``OUT/_rollouts.json`` with what the converter knows (None values left out)."""
+    write_json(Path(out_dir) / ROLLOUTS_MANIFEST, {k: v for k, v in facts.items() if v is not None})
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """``_rollouts.json`` of ``folder`` ({} without one or when unreadable)."""
+    try:
+        doc = json.loads((Path(folder) / ROLLOUTS_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def rewards_logged(folder: str | Path) -> RewardsLogged | None:
+    """What the archive in ``folder`` says of its rewards; None when it does not say."""
+    d = read_manifest(folder).get("rewards")
+    return RewardsLogged.from_dict(d) if isinstance(d, dict) else None
