@@ -449,8 +449,10 @@ class Window:
 
     def add(self, sums: torch.Tensor, micro: list[dict], grad_norm: torch.Tensor, valid: torch.Tensor) -> None:
         self.sums += sums
+        # FSDP2's norm is a DTensor: its local part is enough (check() sums the flags over ranks)
+        norm = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
         self.faults += torch.stack([(valid == 0).double(), (~torch.isfinite(sums).all()
-                                                            | ~torch.isfinite(grad_norm)).double()])
+                                                            | ~torch.isfinite(norm)).double()])
         self.tokens += sum(int(m["seq_lens"].sum()) for m in micro)
         self.rows += sum(m["num_rows"] for m in micro)
         self.valid += sum(m["valid_tokens"] for m in micro)

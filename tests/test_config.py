@@ -3,10 +3,13 @@ resume may change (``run_changes``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import ROOT
 from critic_pretrain.config import Config, load_config, refused_changes, run_changes
+from critic_pretrain.errors import UserError
 
 
 def test_config_overrides_and_errors(tmp_path):
@@ -37,6 +40,31 @@ def test_config_overrides_and_errors(tmp_path):
     from critic_pretrain.config import reference_markdown
     assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), \
         "docs/config.md is stale: python -m critic_pretrain.config > docs/config.md"
+
+
+def test_recipes_configure_what_their_header_promises():
+    """The model recipes' headers promise an early stop on the validation plateau: configured,
+    on a metric the runs log, with a validation split to rank."""
+    for path in sorted((ROOT / "configs").glob("qwen*.yaml")):
+        header = path.read_text().split("\noutput_dir")[0]
+        cfg = load_config(path, ["data.train=x"])
+        assert "stop when the validation loss" in header, path
+        assert cfg.train.stop_when.metric == "val/loss" and cfg.data.val_fraction > 0 and cfg.eval.every, path
+        assert cfg.checkpoint.keep_best == 1, path
+
+
+def test_bundled_configs_by_name(tmp_path, monkeypatch):
+    """`--config demo` (and configs/demo.yaml outside a checkout) name the shipped configs; a
+    missing file names them."""
+    from critic_pretrain.config import find_config
+    monkeypatch.chdir(tmp_path)
+    assert find_config("demo") == find_config("configs/demo.yaml") == ROOT / "configs" / "demo.yaml"
+    assert find_config("configs/accelerate/ddp.yaml") == ROOT / "configs" / "accelerate" / "ddp.yaml"
+    (tmp_path / "demo.yaml").write_text("seed: 3\n")
+    assert find_config("demo.yaml") == Path("demo.yaml")  # a file of that name wins
+    with pytest.raises(UserError, match="config file not found; pass --config FILE.yaml or a bundled config "
+                                        "\\(demo, qwen2.5-0.5b"):
+        find_config("/abs/missing/demo.yaml")
 
 
 def test_run_defining_changes():

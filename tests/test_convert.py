@@ -473,3 +473,14 @@ def test_mask_field_of_the_wrong_length_is_one_bad_row(tmp_path):
     with pytest.raises(RolloutError, match="'mask' has 2 entries for 9 tokens \\(4 in the response\\)"):
         convert_generic(src, tmp_path / "out", {"reward": "score"}, prompt_field="prompt",
                         response_field="response", mask_field="mask")
+
+
+def test_help_says_verl_text_dumps_cannot_be_converted(capsys):
+    """verl's rollout_data_dir is decoded text without special tokens (the docs' old example named
+    a verl parquet file verl never writes); and the schema text points at nothing above."""
+    from rollouts.schema import describe
+    with pytest.raises(SystemExit):
+        cli(["convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "rollout_data_dir dump is decoded text with the special tokens stripped" in text
+    assert "verl_dump" not in text and "as described above" not in describe()
