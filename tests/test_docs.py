@@ -40,3 +40,23 @@ def test_figures_script_on_a_real_run(tmp_path_factory, toy_data):
     assert make_figures.replace_block(doc, block) == f"before\n{block}\nafter"
     with pytest.raises(ValueError):
         make_figures.replace_block("no markers", block)
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["real_critic", "ppo_warm"])
+def test_warm_md_real_blocks_are_rendered_from_the_recorded_numbers(name):
+    """The real-rollout numbers (bench/real_critic.py) and the PPO arms (bench/ppo_warm.py) in
+    docs/warm.md are the rendering of their JSON, never typed."""
+    script = _script(name)
+    text = (ROOT / "docs" / "warm.md").read_text()
+    block = text[text.index(script.BEGIN):text.index(script.END) + len(script.END)]
+    if not script.NUMBERS.is_file():
+        pytest.fail(f"{script.NUMBERS.name} missing: run python bench/{name}.py")
+    assert block == script.render(json.loads(script.NUMBERS.read_text())), \
+        f"docs/warm.md's {name} block is stale: run python bench/{name}.py"
