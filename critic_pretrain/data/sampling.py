@@ -1,0 +1,121 @@
+"""Which rollouts a step trains on: the train/validation split by prompt, token-budget packing,
+the epoch plan and per-rank sharding."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+
+from ..config import DataConfig
+
+from .store import RolloutStore
+
+log = logging.getLogger(__name__)
+
+
+
+def split_by_group(keys: list[str], val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, val indices). A key's side depends only on the key (stable hash), so
+    adding sources never moves existing rollouts across the split. With two or more groups
+    each side gets at least one: when the hash holds out none (3 prompts at 0.1), the group
+    with the smallest hash is held out; when it holds out all, the largest stays in training."""
+    if val_fraction <= 0:
+        return np.arange(len(keys)), np.zeros(0, np.int64)
+    h = np.fromiter((int.from_bytes(hashlib.blake2b(k.encode(), digest_size=4).digest(), "little") for k in keys),
+                    dtype=np.int64, count=len(keys))
+    is_val = h < int(val_fraction * 2**32)
+    if len(h) and h.min() != h.max():  # two or more groups
+        if not is_val.any():
+            is_val = h == h.min()
+        elif is_val.all():
+            is_val = h != h.max()
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
+def pack(lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
+    """Greedy packing of rows in the given order into micro-batches of <= ``max_tokens`` tokens.
+
+    ``lengths`` are effective (already truncated) lengths, each <= ``max_tokens``; returns
+    arrays of positions into ``lengths``.
+    """
+    batches, start, used = [], 0, 0
+    for i, n in enumerate(lengths.tolist()):
+        if used + n > max_tokens and i > start:
+            batches.append(np.arange(start, i))
+            start, used = i, 0
+        used += n
+    if start < len(lengths):
+        batches.append(np.arange(start, len(lengths)))
+    return batches
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How micro-batches map to ranks: an optimizer step takes ``world * grad_accum`` of them."""
+
+    world: int
+    rank: int
+    grad_accum: int
+
+    @property
+    def per_step(self) -> int:
+        return self.world * self.grad_accum
+
+
+def max_length_of(data: DataConfig, model_limit: int | None = None) -> int:
+    """The longest rollout kept whole: `data.max_length` (default `data.max_tokens`), and never
+    more than the model's position limit (``model.position_limit``): a longer rollout would
+    train on positions the model never supports."""
+    max_len = data.max_length or data.max_tokens
+    return min(max_len, model_limit) if model_limit else max_len
+
+
+def effective_lengths(store: RolloutStore, indices: np.ndarray, max_len: int, overlong: str,
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(indices kept, their lengths after `overlong` handling of rollouts longer than ``max_len``)."""
+    lens = store.lengths[indices]
+    if overlong == "skip":
+        keep = lens <= max_len
+        return indices[keep], lens[keep]
+    return indices, np.minimum(lens, max_len)
+
+
+def weighted_rows(indices: np.ndarray, lengths: np.ndarray, source: np.ndarray, weights: np.ndarray, *,
+                  seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Apply source weights for one epoch: weight w repeats a source's rollouts floor(w)
+    times and adds a fresh random share w - floor(w) of them (from (seed, epoch, source)).
+    All weights 1: the rows unchanged."""
+    if np.all(weights == 1.0):
+        return indices, lengths
+    picks = []
+    for s, w in enumerate(weights):
+        mine = np.flatnonzero(source == s)
+        whole, frac = int(np.floor(w)), w - np.floor(w)
+        picks += [mine] * whole
+        if frac > 0:
+            rng = np.random.default_rng([seed, epoch, 1000 + s])
+            picks.append(np.sort(rng.choice(mine, int(round(frac * len(mine))), replace=False)))
+    pos = np.concatenate(picks) if picks else np.zeros(0, np.int64)
+    return indices[pos], lengths[pos]
+
+
+def plan_epoch(indices: np.ndarray, lengths: np.ndarray, *, seed: int, epoch: int, data: DataConfig,
+               layout: Layout) -> list[np.ndarray]:
+    """The epoch's micro-batches in global order, trimmed to whole optimizer steps.
+
+    ``lengths[i]`` is the effective length of row ``indices[i]``.
+    """
+    perm = np.random.default_rng([seed, epoch]).permutation(len(indices)) if data.shuffle else np.arange(len(indices))
+    batches = pack(lengths[perm], data.max_tokens)
+    full = len(batches) // layout.per_step * layout.per_step
+    return [indices[perm[b]] for b in batches[:full]]
+
+
+def step_batches(plan: list[np.ndarray], step_in_epoch: int, layout: Layout) -> list[np.ndarray]:
+    """This rank's micro-batches for one optimizer step: global order a*world + rank."""
+    base = step_in_epoch * layout.per_step
+    return [plan[base + a * layout.world + layout.rank] for a in range(layout.grad_accum)]
