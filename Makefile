@@ -31,7 +31,7 @@ demo: $(STAMP)
 	$(BIN)/critic-pretrain demo
 
 test: $(STAMP)
-	$(BIN)/ruff check critic_pretrain rollouts tests bench
+	$(BIN)/ruff check critic_pretrain rollouts tests bench examples docs
 	TORCH_SPEC="$(TORCH_SPEC)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,8 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the reference loop lives with the tests
 
-from critic_pretrain.targets import compute_gae, length_adaptive_lambda  # noqa: E402
 from reference_gae import reference_gae  # noqa: E402
+
+from critic_pretrain.targets import compute_gae, length_adaptive_lambda  # noqa: E402
 
 
 def multi_turn_mask(batch: int, length: int, gen: torch.Generator) -> torch.Tensor:

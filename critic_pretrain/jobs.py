@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from .config import Config, bundled_config_names, find_config, load_config, read_yaml_mapping
 from rollouts import fileio
 
+from .config import Config, bundled_config_names, find_config, load_config, read_yaml_mapping
 from .errors import UserError, did_you_mean
 from .selection import best
 

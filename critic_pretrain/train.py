@@ -32,13 +32,30 @@ import yaml
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain import faults, parallel, preflight, tracking
 from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
-from critic_pretrain.data import (Layout, TrainData, build_train_data, file_manifest, loader, plan_epoch,
-                                  source_files, step_batches, to_device)
+from critic_pretrain.data import (
+    Layout,
+    TrainData,
+    build_train_data,
+    file_manifest,
+    loader,
+    plan_epoch,
+    source_files,
+    step_batches,
+    to_device,
+)
 from critic_pretrain.errors import UserError, first_line
 from critic_pretrain.evaluate import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read_metrics, summarize, value_sums
-from critic_pretrain.model import (build_config, build_value_model, count_parameters, enable_checkpointing, is_head,
-                                   position_limit, set_head_bias_value, token_values)
+from critic_pretrain.model import (
+    build_config,
+    build_value_model,
+    count_parameters,
+    enable_checkpointing,
+    is_head,
+    position_limit,
+    set_head_bias_value,
+    token_values,
+)
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
 from critic_pretrain.targets import bootstrapped_returns
 from rollouts import fileio

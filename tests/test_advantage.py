@@ -11,14 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from conftest import TINY_MODEL, tiny_overrides, train_main
+from reference_gae import reference_gae
+
 from critic_pretrain import advantage
 from critic_pretrain.config import DataConfig, ModelConfig, TargetsConfig
 from critic_pretrain.data import Layout, prepare_store
 from critic_pretrain.evaluate import evaluate_detailed
 from critic_pretrain.model import build_value_model
-from reference_gae import reference_gae
 from rollouts import synth
 
 SYNTH_MODEL = {**TINY_MODEL, "vocab_size": synth.VOCAB_SIZE}

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_overrides, toy_rows
 from transformers import AutoModelForTokenClassification
 
-from conftest import tiny_overrides, toy_rows
 from critic_pretrain import attention
 from critic_pretrain.config import ModelConfig, load_config
 from critic_pretrain.model import SUPPORTED_FAMILIES, build_value_model, token_values
@@ -102,9 +102,10 @@ def eager_values(folder: Path, rows: list[dict]) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_trains_what_ppo_runs(family, toy_data, rows, rows_file, tmp_path, monkeypatch):
+    from conftest import train_main
+
     from critic_pretrain.evaluate import evaluate_checkpoint
     from critic_pretrain.interop.export import export
-    from conftest import train_main
 
     over = tiny_overrides(tmp_path / "run", toy_data, **{"train.max_steps": 2, "checkpoint.save_every": 2,
                                                         "model.head_std": 1.0, "optim.lr": 1e-3})

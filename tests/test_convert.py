@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import math
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rollouts import RolloutError, RolloutReader, check
-from rollouts import convert
+from rollouts import RolloutError, RolloutReader, check, convert
 from rollouts.convert import convert_generic, convert_nemo_rl
 
 PAD = 151643  # Qwen's pad id: padding must never reach the output
@@ -395,9 +394,10 @@ def test_convert_records_the_tokenizer_and_training_checks_it(tmp_path, capsys, 
     """--tokenizer: its fingerprint goes to OUT/_rollouts.json; training on those rollouts with a
     model whose tokenizer has another vocabulary stops before step 1, the same one trains."""
     from conftest import tiny_overrides, train_main
+    from test_interop_check import tiny_tokenizer
+
     from rollouts.provenance import ROLLOUTS_MANIFEST
     from rollouts.tokenizer import fingerprint_of
-    from test_interop_check import tiny_tokenizer
 
     tok, other = tiny_tokenizer(tmp_path / "tok"), tiny_tokenizer(tmp_path / "other", shuffle=True)
     src = write_jsonl(tmp_path / "dump.jsonl", GENERIC)
@@ -446,8 +446,9 @@ def test_padded_prompt_response_dump_drops_the_pads(tmp_path, flags):
 
 
 def test_tokenizer_pad_is_the_default_and_check_warns_about_padding(tmp_path, capsys):
-    from rollouts.cli import main as rollouts_main
     from test_interop_check import tiny_tokenizer
+
+    from rollouts.cli import main as rollouts_main
 
     records = [{"input_ids": [3, 7, 8, 9] + [0] * 5, "loss_mask": [0, 1, 1, 1] + [1] * 5, "reward": 1.0}
                for _ in range(4)]

@@ -10,12 +10,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY_MODEL, tiny_overrides, toy_rows, train_main
+
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.config import DataConfig, ModelConfig, SourceConfig, TargetsConfig, load_config
-from critic_pretrain.data import (Layout, RolloutStore, collate_packed, effective_lengths, max_length_of, pack, plan_epoch,
-                                  prepare_store, split_by_group, step_batches, weighted_rows)
+from critic_pretrain.data import (
+    Layout,
+    RolloutStore,
+    collate_packed,
+    effective_lengths,
+    max_length_of,
+    pack,
+    plan_epoch,
+    prepare_store,
+    split_by_group,
+    step_batches,
+    weighted_rows,
+)
 from rollouts import RolloutError, write_rows
 
 
@@ -267,6 +278,7 @@ def test_recency_half_life_weights_rollouts_by_policy_age(tmp_path):
     """data.recency_half_life: weight 0.5 ** (versions behind the newest / half-life) in every
     packed micro-batch; rows without a version weigh as the oldest; no versions at all: an error."""
     from conftest import toy_rows
+
     from critic_pretrain.data import collate_packed
     from critic_pretrain.errors import UserError
     from rollouts import write_rows

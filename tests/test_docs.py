@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 from test_evaluate import tiny_run
 

@@ -10,11 +10,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import tiny_overrides
+
 from critic_pretrain import cli
-from critic_pretrain.evaluate import (POSITION_BUCKETS, TURN_BUCKETS, CalibrationGrid, batch_sums, calibration_table,
-                                      eval_batches, finish, merge_cells, n_groups, token_buckets)
+from critic_pretrain.evaluate import (
+    POSITION_BUCKETS,
+    TURN_BUCKETS,
+    CalibrationGrid,
+    batch_sums,
+    calibration_table,
+    eval_batches,
+    finish,
+    merge_cells,
+    n_groups,
+    token_buckets,
+)
 from critic_pretrain.metrics import read_metrics, value_sums
 
 TINY_RUN_STEPS = 8

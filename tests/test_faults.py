@@ -15,9 +15,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import ROOT, tiny_overrides, toy_rows, train_main
 from safetensors.torch import load_file
 
-from conftest import ROOT, tiny_overrides, toy_rows, train_main
 from critic_pretrain import checkpoint as ckpt
 from rollouts import write_rows
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, tiny_overrides
 from safetensors.torch import load_file, save_file
 
-from conftest import ROOT, tiny_overrides
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.cli import main as cli_main
 from critic_pretrain.interop.check import check_seed
@@ -388,8 +388,8 @@ def test_quality_on_fresh_rollouts_of_a_shifted_policy(tmp_path, capsys):
     a policy with the good-action probabilities reversed; the verdict and the numbers are the
     `eval` numbers on those rollouts."""
     import pyarrow.parquet as pq
-
     from conftest import TINY_MODEL, train_main
+
     from critic_pretrain.evaluate import evaluate_checkpoint
     from rollouts import synth
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import tiny_overrides, toy_rows
 from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint.api import CheckpointException
@@ -43,13 +44,12 @@ from transformers import (
     AutoModelForTokenClassification,
 )
 
-from conftest import toy_rows, tiny_overrides
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.cli import main as cli_main
 from critic_pretrain.config import load_config
+from critic_pretrain.interop.check import check_seed
 from critic_pretrain.interop.export import export
 from critic_pretrain.model import build_value_model, token_values
-from critic_pretrain.interop.check import check_seed
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # we test the experimental PPO on purpose
 PAD = 0  # toy token ids start at 1: 0 never occurs, as TRL's pad-by-token-id masking needs

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import ROOT, tiny_overrides, train_main
 from safetensors.torch import load_file
 
-from conftest import ROOT, tiny_overrides, train_main
+from critic_pretrain import checkpoint as ckpt
 from critic_pretrain import jobs as runner
 from critic_pretrain.cli import main as cli_main
-from critic_pretrain import checkpoint as ckpt
 
 SBATCH = ROOT / "examples" / "slurm" / "critic_pretrain.sbatch"
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from conftest import ROOT, tiny_overrides
+
 from critic_pretrain.metrics import LogProgress, progress
 
 

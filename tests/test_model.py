@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY_MODEL, tiny_overrides
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from conftest import TINY_MODEL, tiny_overrides
 from critic_pretrain import attention
 from critic_pretrain.config import ModelConfig
 from critic_pretrain.errors import UserError

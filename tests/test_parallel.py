@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, tiny_overrides, train_main
 from safetensors.torch import load_file
 
-from conftest import ROOT, tiny_overrides, train_main
 from critic_pretrain import checkpoint as ckpt
 
 PORTS = count(29610)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import TINY_MODEL
+
 from critic_pretrain import plan as planning
 from critic_pretrain.config import load_config
 from critic_pretrain.model import build_value_model, enable_checkpointing, token_values

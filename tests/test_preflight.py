@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import tiny_overrides, toy_rows, train_main
+
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.data import split_by_group
 

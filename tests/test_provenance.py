@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_overrides, toy_rows, train_main
-from critic_pretrain.interop.check import check_seed
-from rollouts.provenance import ROLLOUTS_MANIFEST, RewardsLogged, rewards_logged
 from test_convert import cli as convert_cli
 from test_convert import nemo_rl_dump
+
+from critic_pretrain.interop.check import check_seed
+from rollouts.provenance import ROLLOUTS_MANIFEST, RewardsLogged, rewards_logged
 
 SCALING = "reward_scaling: {enabled: true, source_min: 0.0, source_max: 1.0, target_min: -1.0, target_max: 1.0}"
 PPO = f"""

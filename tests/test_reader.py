@@ -278,8 +278,8 @@ def test_hugging_face_datasets_are_rollout_archives(tmp_path):
     like parquet shards: the same rows, memory-mapped Arrow files; a Dataset with an indices
     mapping or in memory only, and a DatasetDict folder, are one-line errors."""
     import datasets
-
     from conftest import toy_rows
+
     from rollouts import RolloutError, RolloutReader, resolve, write_rows
 
     rows = toy_rows(30)
@@ -307,8 +307,8 @@ def test_hf_spec_reads_the_local_datasets_cache(tmp_path, monkeypatch):
     """hf:NAME[:SPLIT] goes through datasets.load_dataset (offline here: a local parquet dataset
     folder stands in for a cached Hub dataset)."""
     import datasets
-
     from conftest import toy_rows
+
     from rollouts import RolloutError, RolloutReader, write_rows
 
     write_rows(tmp_path / "hub" / "data", toy_rows(12))

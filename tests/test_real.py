@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import ROOT, train_main
 
 sys.path.insert(0, str(ROOT))

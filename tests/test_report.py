@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_evaluate import tiny_run
 
 from critic_pretrain import cli, report
-from test_evaluate import tiny_run
 
 pytest.importorskip("matplotlib")
 

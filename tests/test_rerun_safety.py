@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TINY_MODEL, tiny_overrides, train_main
+
 from critic_pretrain import checkpoint as ckpt
 
 

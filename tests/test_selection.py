@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_overrides, train_main
+
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.config import StopConfig
 from critic_pretrain.metrics import StopRule, read_metrics

@@ -12,8 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rollouts import SAMPLE_DIR, RolloutError, RolloutReader, check
-from rollouts import synth
+from rollouts import SAMPLE_DIR, RolloutError, RolloutReader, check, synth
 from rollouts.cli import main as rollouts_main
 
 # Short rows and a tight cap, so truncation is common and values depend on the position.

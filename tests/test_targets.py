@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_gae import reference_gae, reference_returns
 
 from critic_pretrain import targets
 from critic_pretrain.targets import (
@@ -16,7 +17,6 @@ from critic_pretrain.targets import (
     length_adaptive_lambda,
     place_outcome_rewards,
 )
-from reference_gae import reference_gae, reference_returns
 
 
 def t64(rows: list[list[float]] | list[float]) -> torch.Tensor:
@@ -324,8 +324,9 @@ def test_long_rows_are_stable(gamma: float, lam: float) -> None:
 def test_bootstrapped_returns_match_the_per_timestep_loop_per_rollout():
     """values_from=critic: TD(lambda) targets of a packed micro-batch from its own values equal
     the reference loop run on each rollout alone (carry-forward across tool tokens)."""
-    from critic_pretrain.targets import bootstrapped_returns
     from reference_gae import reference_gae
+
+    from critic_pretrain.targets import bootstrapped_returns
 
     masks = [[0, 0, 1, 1, 0, 1, 1, 1], [0, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0, 1], [0, 0, 0]]
     g = torch.Generator().manual_seed(0)

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_overrides, train_main
+
 from critic_pretrain.metrics import read_metrics
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, tiny_overrides, train_main
 from safetensors.torch import load_file
 
-from conftest import ROOT, tiny_overrides, train_main
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.metrics import read_metrics
 
@@ -340,15 +340,15 @@ def test_td_lambda_from_the_critic_trains_on_its_own_bootstrapped_targets(toy_da
     the store (validation) keeps Monte-Carlo returns; a short run trains and evaluates."""
     import numpy as np
     from accelerate import Accelerator
-
     from conftest import train_main
+    from reference_gae import reference_gae
+
     from critic_pretrain.config import load_config
     from critic_pretrain.data import collate_packed, prepare_store
     from critic_pretrain.metrics import read_metrics
     from critic_pretrain.model import build_value_model, token_values
     from critic_pretrain.optim import build_optimizer, build_scheduler
     from critic_pretrain.train import train_step
-    from reference_gae import reference_gae
 
     over = tiny_overrides(tmp_path / "run", toy_data, **{"targets.lam": 0.8, "targets.values_from": "critic",
                                                           "targets.gamma": 0.97})

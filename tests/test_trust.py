@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, tiny_overrides, toy_rows, train_main
+
 from critic_pretrain import checkpoint as ckpt
 from rollouts import write_rows
 

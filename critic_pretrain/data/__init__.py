@@ -24,10 +24,30 @@ training run gets). The names below are the package's API.
 """
 
 from .collate import HOST_KEYS, MicroBatches, collate_packed, loader, to_device
-from .sampling import (Layout, effective_lengths, max_length_of, pack, plan_epoch, split_by_group, step_batches,
-                       weighted_rows)
-from .store import (FILTERS, STORE_FILE, STORE_FORMAT, STORE_META, STORE_SCHEMA, RolloutStore, StoreStats,
-                    check_bad_fraction, file_manifest, prepare_store, reward_transform, source_files)
+from .sampling import (
+                       Layout,
+                       effective_lengths,
+                       max_length_of,
+                       pack,
+                       plan_epoch,
+                       split_by_group,
+                       step_batches,
+                       weighted_rows,
+)
+from .store import (
+                       FILTERS,
+                       STORE_FILE,
+                       STORE_FORMAT,
+                       STORE_META,
+                       STORE_SCHEMA,
+                       RolloutStore,
+                       StoreStats,
+                       check_bad_fraction,
+                       file_manifest,
+                       prepare_store,
+                       reward_transform,
+                       source_files,
+)
 from .train_data import MIN_POLICY_SHARE, TrainData, build_train_data, with_policy_left
 
 __all__ = ["FILTERS", "HOST_KEYS", "MIN_POLICY_SHARE", "STORE_FILE", "STORE_FORMAT", "STORE_META", "STORE_SCHEMA",

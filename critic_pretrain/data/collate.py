@@ -10,8 +10,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-
-
 from .store import RolloutStore
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 from ..config import DataConfig
-
 from .store import RolloutStore
 
 log = logging.getLogger(__name__)

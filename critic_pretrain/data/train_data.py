@@ -8,10 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-
 from ..config import DataConfig, TargetsConfig
 from ..errors import UserError
-
 from .sampling import effective_lengths, max_length_of, split_by_group, weighted_rows
 from .store import RolloutStore, check_bad_fraction, prepare_store
 

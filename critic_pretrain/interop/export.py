@@ -42,8 +42,15 @@ from .. import checkpoint as ckpt
 from ..errors import UserError
 from .check import SeedReport, check_seed
 from .dcp import read_dcp, scheduler_class, single_process_ok
-from .frameworks import (CONSTANT_TOTAL_ITERS, FORMAT_ALIASES, FORMATS, HEAD, config_lines,
-                         framework_of_format, trl_bias_snippet)
+from .frameworks import (
+    CONSTANT_TOTAL_ITERS,
+    FORMAT_ALIASES,
+    FORMATS,
+    HEAD,
+    config_lines,
+    framework_of_format,
+    trl_bias_snippet,
+)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}

@@ -74,7 +74,7 @@ def framework_of_format(fmt: str) -> Framework:
 # ---------------------------------------------------------------------------------------------
 # Descriptions and the lines to paste
 
-def _describe_head(head: dict) -> str:
+def describe_head(head: dict) -> str:
     name, w = head.get("name", HEAD), head.get("weight_shape")
     bias = head.get("bias")
     text = f"{name}.weight {w}"
@@ -87,7 +87,7 @@ def _describe_head(head: dict) -> str:
     return text
 
 
-def _describe_targets(targets: dict | None) -> str:
+def describe_targets(targets: dict | None) -> str:
     if not targets:
         return "unknown (no critic_pretrain.json)"
     source = {"critic": " (TD(lambda) bootstrapped from its own values)",
@@ -108,7 +108,7 @@ def _shared_lambda(t: dict) -> tuple[str, str]:
     return f"{lam:g}", "one lambda for actor and critic"
 
 
-def _describe_optimizer(opt: dict) -> str:
+def describe_optimizer(opt: dict) -> str:
     return (f"{opt['kind']} state over {opt['parameters']} tensors, {opt['param_groups']} group(s), "
             f"lr {opt['lr']}, scheduler {opt['scheduler']} at step {opt['last_epoch']}")
 
@@ -121,7 +121,7 @@ def reward_formula(targets: dict) -> str:
     return text + (f", clipped to [{clip[0]:g}, {clip[1]:g}]" if clip else "")
 
 
-def _target_std(manifest: dict) -> float | None:
+def target_std(manifest: dict) -> float | None:
     var = (((manifest.get("data") or {}).get("stats")) or {}).get("target_var")
     return math.sqrt(var) if isinstance(var, (int, float)) and var > 0 else None
 

@@ -45,10 +45,9 @@ def generate_group(model, tok, prompt: str, group: int, max_new_tokens: int, tem
 
 
 def collect(out: Path, n_prompts: int, group: int, max_new_tokens: int, temperature: float, seed: int) -> dict:
+    import pyarrow as pa
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import pyarrow as pa
 
     from rollouts import ShardWriter, table_from_rows
     from rollouts.provenance import RewardsLogged, write_manifest

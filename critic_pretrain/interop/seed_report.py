@@ -1,0 +1,126 @@
+"""The outcome of a seed check: its problems, warnings and facts, and how the CLI prints it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollouts.provenance import RewardsLogged
+from rollouts.tokenizer import describe as describe_tokenizer
+
+from .frameworks import FRAMEWORKS, config_lines, describe_head, describe_optimizer, describe_targets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SeedProblem:
+    """One failed check. ``area`` lets callers (export) decide which problems they repair."""
+
+    area: str  # path | weights | keys | head | bias | arch | finite | info | manifest | optimizer
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class SeedReport:
+    """The outcome of ``check_seed``: problems (each one line saying what to do), warnings,
+    and the facts found (step, parameters, head, dtype, targets, optimizer...)."""
+
+    path: Path
+    target: str
+    kind: str = "unknown"  # "step": a step_<n> tree; "hf": an exported Hugging Face folder
+    problems: list[SeedProblem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def fail(self, area: str, message: str) -> None:
+        self.problems.append(SeedProblem(area, message))
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "target": self.target, "kind": self.kind, "ok": self.ok,
+                "problems": [asdict(p) for p in self.problems], "warnings": list(self.warnings),
+                "facts": self.facts}
+
+    def summary(self) -> str:
+        """Human-readable report: the verdict, the facts, then what the target needs."""
+        f = self.facts
+        if not self.ok:
+            return f"FAILED  {self.path} is not a usable {self.target} critic seed ({len(self.problems)} problem(s))"
+        lines = [f"OK  {self.path} is a valid critic seed for {self.target}"]
+        arch = f.get("arch", {})
+        shape = ", ".join(f"{k} {v}" for k, v in (("hidden", arch.get("hidden_size")),
+                                                    ("layers", arch.get("num_layers")),
+                                                    ("vocab", arch.get("vocab_size"))) if v is not None)
+        lines.append(f"  step {f.get('step', '?')} · {f.get('parameters', 0):,} parameters · "
+                     f"{'/'.join(f.get('dtypes', [])) or '?'} · {arch.get('model_type', '?')}: {shape}")
+        lines.append(f"  head: {describe_head(f.get('head', {}))}")
+        norm = f.get("normalization") or {}
+        if norm.get("mean") is not None:
+            lines.append(f"  config.json mean {norm['mean']:.6g}, std {norm['std']:g}: OpenRLHF applies "
+                         "(value - mean) / std only with --normalize_reward / --reward.normalize_enable")
+        lines.append(f"  trained on: {describe_targets(f.get('targets'))}")
+        logged = (f.get("rewards") or {}).get("logged")
+        if logged:
+            r = RewardsLogged.from_dict(logged)
+            lines.append(f"  rewards relative to the reward function's: the rollouts logged them as {r.formula()} "
+                         f"({r.stated_by})")
+        if self.kind == "step":
+            lines.append(f"  tokenizer: {describe_tokenizer(f.get('tokenizer_fingerprint'))}")
+        if f.get("training_info"):
+            info = f["training_info"]
+            headline = ("val:loss", "val:explained_variance", "val:oracle_loss", "val:oracle_explained_variance")
+            val = ", ".join(f"{k} {info[k]:.4g}" for k in headline if isinstance(info.get(k), float))
+            lines.append(f"  training: total_steps {info.get('total_steps')}" + (f", {val}" if val else ""))
+        q = f.get("quality")
+        if q and "critic" in q:
+            tokens = f", {q['tokens']} turn-first tokens" if q.get("tokens") else ""
+            lines.append(f"  quality on the current policy ({q['rows']} rollouts{tokens}): PASSED, {q['measure']} "
+                         f"{q['critic']:.3f} > group-mean baseline {q['baseline']:.3f} (margin "
+                         f"{q['critic'] - q['baseline']:.3f}; a small margin may be noise: check more rollouts)")
+            if q.get("explained_variance") is not None:
+                ceiling = f" (true values: {q['ceiling']:.3f})" if q.get("ceiling") is not None else ""
+                lines.append(f"  explained variance there: {q['explained_variance']:.3f}{ceiling}; a low one means "
+                             "the value levels are off for this policy, which PPO's first steps re-learn")
+        opt = f.get("optimizer")
+        if self.kind == "step":
+            lines.append("  optimizer: " + (describe_optimizer(opt) if opt else "none (the PPO run builds a fresh one)")
+                         + (" (NeMo-RL since PR #4213 ignores it on a warm start; --legacy-nemo-rl checks it for "
+                            "older versions)" if opt and self.target == "nemo-rl" and not f.get("legacy_nemo_rl")
+                            else ""))
+        lines.append(f"  {self.target} needs: {FRAMEWORKS[self.target].needs}")
+        return "\n".join(lines)
+
+
+def print_report(report: SeedReport) -> int:
+    """Print a seed check the way the CLI does (problems and warnings to stderr, then the
+    summary and the config lines to paste); 0 when the seed is usable, else 1."""
+    for problem in report.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not report.ok:
+        print(report.summary(), file=sys.stderr)
+        return 1
+    print(report.summary())
+    if report.kind == "step" and report.target != "nemo-rl":
+        print(f"\n# next: critic-pretrain export {report.path} --format "
+              f"{FRAMEWORKS[report.target].export_format} --out <dir>, then check <dir> with --for {report.target}")
+        return 0
+    opt = report.facts.get("optimizer")
+    sched = None if not opt else ("sequential" if opt["scheduler"].startswith("SequentialLR") else "lambda")
+    print()
+    print("\n".join(config_lines(report.target, report.path, report.facts, scheduler=sched)))
+    return 0
