@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -34,7 +33,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, Protocol
+from typing import Callable, Iterable, Literal, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -44,15 +43,10 @@ import pyarrow.parquet as pq
 from . import schema as S
 from .errors import Problem, Quarantine, RolloutError
 from .fileio import publish_files
-from .paths import PARQUET_SUFFIXES, resolve
 from .provenance import ROLLOUTS_MANIFEST
+from .sources import SOURCES, BadFile, BadRow, GenericSource, NemoRLSource, Source, show
 from .validate import check_batch
 from .writer import DEFAULT_SHARD_ROWS, ShardWriter, table_from_rows
-
-try:  # optional: parses dump lines about 7x faster than the standard library (docs/converters.md)
-    import orjson
-except ImportError:
-    orjson = None
 
 OnBad = Literal["fail", "skip"]
 ProgressCallback = Callable[[str], None]
@@ -62,14 +56,11 @@ CHUNK_TOKENS = 1 << 21
 """Rows are converted, validated and written in chunks of at most ``CHUNK_ROWS`` rows or
 ``CHUNK_TOKENS`` tokens (python lists cost ~40 bytes a token: long agentic rows need the
 token bound), which bounds memory whatever the size of a dump."""
-PARQUET_BATCH_ROWS = 64
 MAX_PROBLEMS_KEPT = 1000
 """Problems kept on ``ConvertResult`` (counts are complete; the quarantine file has all)."""
 
 _SHARD_NAME = re.compile(r"part-\d{5}\.parquet")
 _STAGING_PREFIX = ".convert-"
-_NEMO_RL_NAME = re.compile(r"train_data_step(\d+)\.jsonl")
-_MISSING = object()
 # Arrow's errors for a python value that does not fit a column type.
 _CONVERSION_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
 
@@ -104,425 +95,44 @@ class ConvertResult:
         return line
 
 
-class _BadRow(Exception):
-    """A source row that cannot be converted; the engine adds file and row."""
-
-    def __init__(self, column: str | None, reason: str, fix: str, kind: str):
-        super().__init__(reason)
-        self.column, self.reason, self.fix, self.kind = column, reason, fix, kind
 
 
-class _BadFile(_BadRow):
-    """A whole input file that cannot be converted (from ``row`` on, when given)."""
-
-    def __init__(self, reason: str, fix: str, kind: str, row: int | None = None):
-        super().__init__(None, reason, fix, kind)
-        self.row = row
 
 
 # --------------------------------------------------------------------------------------
 # Sources: turn one record of a dump into one row of schema columns (python values).
 # --------------------------------------------------------------------------------------
 
-class _Source(Protocol):
-    """What the engine needs from a dump format."""
-
-    files: list[Path]
-    columns: list[str]
-    """Schema columns every output row carries (``None`` where a row has no value)."""
-    extra_names: list[str]
-    """Source fields kept as extra columns (``--keep-extra``)."""
-    derive_group_id: bool
-    """Fill ``group_id`` with a hash of the prompt tokens."""
-
-    def records(self, path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
-        """(row, record or problem) of one file; raises ``_BadFile`` for an unusable file."""
-
-    def convert(self, path: Path, row: int, rec: dict) -> dict:
-        """Schema columns (and extras) of one record; raises ``_BadRow``."""
-
-    def field_of(self, column: str) -> str | None:
-        """Source field a schema column comes from, for messages."""
-
-    def fix_for(self, column: str) -> str:
-        """What to do when ``column``'s source field holds the wrong type."""
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
-    """(0-based line number, object or problem) for each non-blank line."""
-    with open(path, "rb") as f:
-        for row, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                rec = _loads(line)
-            except ValueError as e:  # also UnicodeDecodeError
-                yield row, _BadRow(None, f"not valid JSON ({_short(e)})",
-                                   "fix or delete the line (a dump cut off while being written ends in one)",
-                                   "bad_json")
-                continue
-            if not isinstance(rec, dict):
-                yield row, _BadRow(None, f"a JSON {type(rec).__name__}, not an object",
-                                   "each line must be one JSON object (one rollout)", "bad_json")
-                continue
-            yield row, rec
 
 
-def _loads(line: bytes) -> Any:
-    if orjson is not None:
-        try:
-            return orjson.loads(line)
-        except orjson.JSONDecodeError:
-            pass  # NaN/Infinity (Python's json.dumps writes them) or a broken line: json says which
-    return json.loads(line)
 
 
-def _first_keys(path: Path) -> list[str]:
-    """Field names of a file's first record (a JSONL line or the parquet schema)."""
-    if path.suffix in PARQUET_SUFFIXES:
-        try:
-            return pq.read_schema(path).names
-        except (pa.ArrowException, OSError):
-            return []  # reported when the file is read
-    for _, rec in _jsonl_records(path):
-        if isinstance(rec, dict):
-            return list(rec)
-    return []
 
 
-def _union_keys(files: Iterable[Path]) -> list[str]:
-    keys: dict[str, None] = {}
-    for f in files:
-        keys.update(dict.fromkeys(_first_keys(f)))
-    return list(keys)
 
 
-def _unwrap(value: Any) -> Any:
-    """NeMo-RL logs a batch of one per line: every field is wrapped in a one-element list."""
-    if isinstance(value, list) and len(value) == 1:
-        return value[0]
-    return value
 
 
-class _NemoRL:
-    """NeMo-RL ``train_data_step<N>.jsonl`` (``Logger.log_batched_dict_as_jsonl``)."""
-
-    FIELDS = {"input_ids": "token_ids", "loss_mask": "token_loss_mask",
-              "sample_weight": "sample_loss_mask", "values": "values"}
-
-    def __init__(self, paths, *, reward_field: str, keep_extra: bool):
-        self.files, self.ignored = _nemo_rl_files(paths)
-        self.reward_field = reward_field
-        self.fields = {**self.FIELDS, "reward": reward_field}
-        keys = _union_keys(self.files)
-        self.columns = ["input_ids", "loss_mask", "reward", "sample_id", "group_id", "policy_version"]
-        self.columns += [c for c in ("sample_weight", "values") if self.fields[c] in keys]
-        used = set(self.fields.values()) | {"input_lengths", "idx"}
-        self.extra_names = [k for k in keys if k not in used and k not in S.BY_NAME] if keep_extra else []
-        self.derive_group_id = True
-        self._id_prefix = _id_prefixes(self.files)
-
-    def records(self, path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
-        if _step(path) is None:
-            raise _BadFile("the file name does not carry the training step",
-                           "keep NeMo-RL's name train_data_step<N>.jsonl: the step sets sample_id "
-                           "and policy_version", "bad_file_name")
-        return _jsonl_records(path)
-
-    def convert(self, path: Path, row: int, rec: dict) -> dict:
-        step = _step(path)
-        padded = self._tokens(rec, "token_ids")
-        n = _unwrap(self._get(rec, "input_lengths"))
-        if type(n) is not int or not 0 < n <= len(padded):
-            raise _BadRow("input_lengths", f"input_lengths is {_show(n)} but token_ids has {len(padded)} entries",
-                          "input_lengths must be the unpadded length of token_ids (1..len(token_ids)); "
-                          "the line is damaged", "length_mismatch")
-        out = {
-            "input_ids": padded[:n],
-            "loss_mask": self._unpadded(rec, "token_loss_mask", n),
-            "reward": _unwrap(self._get(rec, self.reward_field)),
-            "sample_id": f"{self._id_prefix[path]}step{step}-idx{self._idx(rec, row)}",
-            # The file is written after step N's update, from rollouts of the policy that had
-            # N-1 updates (NeMo-RL names the file total_steps + 1).
-            "policy_version": step - 1,
-        }
-        if "sample_weight" in self.columns and "sample_loss_mask" in rec:
-            out["sample_weight"] = _unwrap(rec["sample_loss_mask"])
-        if "values" in self.columns and "values" in rec:
-            out["values"] = self._unpadded(rec, "values", n)
-        for name in self.extra_names:
-            if name in rec:
-                out[name] = _unpad_extra(_unwrap(rec[name]), len(padded), n)
-        return out
-
-    def _get(self, rec: dict, name: str) -> Any:
-        if name not in rec:
-            if name == self.reward_field:
-                fix = "pass --reward-field <field> naming the reward field"
-            elif name == "token_ids":
-                fix = ("NeMo-RL versions that log only text (content, rewards, input_lengths) lack token "
-                       "ids and cannot be converted; for other formats use --from generic with --map")
-            else:
-                fix = "this does not look like a NeMo-RL train_data_step dump; use --from generic with --map"
-            raise _BadRow(name, f"no field '{name}'", fix, "missing_field")
-        return rec[name]
-
-    def _tokens(self, rec: dict, name: str) -> list:
-        value = _unwrap(self._get(rec, name))
-        if not isinstance(value, list):
-            raise _BadRow(name, f"'{name}' is {_show(value)}, not a list", self._type_fix(name), "wrong_type")
-        return value
-
-    def _unpadded(self, rec: dict, name: str, n: int) -> list:
-        value = self._tokens(rec, name)
-        if len(value) < n:
-            raise _BadRow(name, f"'{name}' has {len(value)} entries but input_lengths is {n}",
-                          f"'{name}' must cover every token of token_ids; the line is damaged",
-                          "length_mismatch")
-        return value[:n]
-
-    @staticmethod
-    def _idx(rec: dict, row: int) -> int:
-        idx = rec.get("idx", row)  # NeMo-RL's idx is the line number; forks may drop it
-        if type(idx) is not int:
-            raise _BadRow("idx", f"idx is {_show(idx)}, not an integer",
-                          "idx numbers the rollouts of a step; fix or drop the field", "wrong_type")
-        return idx
-
-    def field_of(self, column: str) -> str | None:
-        return self.fields.get(column)
-
-    def fix_for(self, column: str) -> str:
-        return self._type_fix(self.fields.get(column, column))
-
-    def _type_fix(self, name: str) -> str:
-        column = next((c for c, f in self.fields.items() if f == name), None)
-        if column is None:
-            return f"extra field '{name}' changed type; convert without --keep-extra"
-        return f"'{name}' must be {S.expected_kind(column)}; is this a NeMo-RL train_data_step dump?"
 
 
-def _nemo_rl_files(paths) -> tuple[list[Path], list[Path]]:
-    """Dump files in step order, and the other ``.jsonl`` files found in folders (ignored).
-
-    A NeMo-RL log folder also holds ``val_data_step<N>.jsonl`` and other logs: folders and
-    globs contribute only ``train_data_step<N>.jsonl``; a file named explicitly is always read.
-    """
-    files: list[Path] = []
-    ignored: list[Path] = []
-    for spec in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        found = resolve(spec, suffixes=(".jsonl",))
-        explicit = Path(spec).is_file()
-        keep = [f for f in found if explicit or _step(f) is not None]
-        if not keep:
-            raise RolloutError(f"{spec}: holds no train_data_step<N>.jsonl; point at NeMo-RL's log folder "
-                               "(logs/exp_NNN) or at the dump files")
-        ignored += [f for f in found if f not in keep]
-        files += sorted(keep, key=lambda f: (str(f.parent), _step(f) or 0, f.name))
-    return list(dict.fromkeys(files)), ignored
 
 
-def _step(path: Path) -> int | None:
-    m = _NEMO_RL_NAME.fullmatch(path.name)
-    return int(m.group(1)) if m else None
 
 
-def _id_prefixes(files: list[Path]) -> dict[Path, str]:
-    """``step<N>-idx<i>`` is unique within one run; when the same step comes from several
-    folders (a run resumed into exp_002 repeats the steps after its last checkpoint) the
-    ids carry the folder name too."""
-    steps = Counter(_step(f) for f in files)
-    if all(c == 1 for c in steps.values()):
-        return {f: "" for f in files}
-    return {f: f"{f.parent.name}/" for f in files}
 
 
-def _unpad_extra(value: Any, padded_len: int, n: int) -> Any:
-    """Per-token number lists (advantages, logprobs) are padded like token_ids: cut them too."""
-    if isinstance(value, list) and len(value) == padded_len and value and type(value[0]) in (int, float):
-        return value[:n]
-    return value
 
 
-class _Generic:
-    """JSONL or parquet rows whose fields are mapped onto schema columns."""
-
-    def __init__(self, paths, mapping: Mapping[str, str] | None, *, prompt_field: str | None,
-                 response_field: str | None, keep_extra: bool, pad_id: int | None = None,
-                 mask_field: str | None = None):
-        mapping = dict(mapping or {})
-        self.pad_id, self.mask_field = pad_id, mask_field
-        _check_mapping(mapping, prompt_field, response_field)
-        self.files = resolve(paths, suffixes=(".jsonl",) + PARQUET_SUFFIXES)
-        keys = _union_keys(self.files)
-        self.explicit = mapping
-        self.prompt_field, self.response_field = prompt_field, response_field
-        built = {"input_ids", "loss_mask"} if prompt_field else set()
-        # A source field named like a schema column is taken as that column unless mapped.
-        self.implicit = {c: c for c in S.BY_NAME
-                         if (c in keys or c in S.REQUIRED) and c not in mapping and c not in built}
-        self.fields = {**self.implicit, **mapping}
-        if prompt_field:
-            self.fields.update(input_ids=f"{prompt_field}+{response_field}",
-                               loss_mask=f"{prompt_field}+{response_field}")
-        self.columns = [c.name for c in S.COLUMNS if c.name in self.fields]
-        self.derive_group_id = "group_id" not in self.fields
-        if self.derive_group_id:
-            self.columns.append("group_id")
-        used = {_top(f) for f in [*mapping.values(), prompt_field, response_field, mask_field] if f}
-        self.extra_names = ([k for k in keys if k not in used and k not in S.BY_NAME]
-                            if keep_extra else [])
-
-    def records(self, path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
-        if path.suffix in PARQUET_SUFFIXES:
-            return _parquet_records(path)
-        return _jsonl_records(path)
-
-    def convert(self, path: Path, row: int, rec: dict) -> dict:
-        out: dict[str, Any] = {}
-        for column, path_ in self.fields.items():
-            if column in ("input_ids", "loss_mask") and self.prompt_field:
-                continue
-            value = _lookup(rec, path_)
-            if value is _MISSING:
-                if column in self.explicit or column in S.REQUIRED:
-                    target = f" (for '{column}')" if path_ != column else ""
-                    raise _BadRow(path_, f"no field '{path_}'{target}",
-                                  f"pass --map {column}=<field> naming the field that holds "
-                                  f"{S.expected_kind(column)}", "missing_field")
-                continue
-            out[column] = value
-        prompt_len = None
-        if self.prompt_field:
-            prompt = self._token_list(rec, self.prompt_field)
-            response = self._token_list(rec, self.response_field)
-            out["input_ids"] = prompt + response
-            out["loss_mask"] = [0] * len(prompt) + [1] * len(response)
-            prompt_len = len(prompt)
-        keep = self._unpadded(rec, out.get("input_ids"), prompt_len)
-        if keep is not None:
-            n = len(out["input_ids"])
-            for column, value in out.items():
-                if column in S.BY_NAME and isinstance(value, list) and len(value) == n:
-                    out[column] = [v for v, k in zip(value, keep) if k]
-        if out.get("reward") is None and out.get("token_rewards") is None:
-            present = [c for c in ("reward", "token_rewards") if c in self.fields]
-            raise _BadRow(self.fields.get("reward", "reward"),
-                          "no reward" + (f" (field '{self.fields[present[0]]}' is empty)" if present else ""),
-                          "pass --map reward=<field> (outcome reward) or --map token_rewards=<field> "
-                          "(one reward per token)", "missing_field")
-        for name in self.extra_names:
-            if name in rec:
-                out[name] = rec[name]
-        return out
-
-    def _unpadded(self, rec: dict, ids: Any, prompt_len: int | None) -> list[bool] | None:
-        """Which tokens are real: ``mask_field``'s 1s (over the whole sequence, or over the
-        response in prompt/response mode), else everything but ``pad_id`` runs at the padded ends
-        (a prompt's left, a response's right; both ends of a single token list). None: all."""
-        if not isinstance(ids, list):
-            return None
-        n = len(ids)
-        if self.mask_field:
-            mask = _lookup(rec, self.mask_field)
-            if not isinstance(mask, list) or any(m not in (0, 1, True, False) for m in mask):
-                raise _BadRow(self.mask_field, f"'{self.mask_field}' is {_show(mask)}, not a 0/1 list",
-                              "pass --mask-field naming the attention (or response) mask", "wrong_type")
-            if len(mask) == n:
-                return [bool(m) for m in mask]
-            if prompt_len is not None and len(mask) == n - prompt_len:
-                return [True] * prompt_len + [bool(m) for m in mask]
-            raise _BadRow(self.mask_field, f"'{self.mask_field}' has {len(mask)} entries for {n} tokens"
-                          + (f" ({n - prompt_len} in the response)" if prompt_len is not None else ""),
-                          "the mask must cover every token (or every response token)", "length_mismatch")
-        if self.pad_id is None:
-            return None
-        keep = [True] * n
-        head, tail = (prompt_len, n - prompt_len) if prompt_len is not None else (n, n)
-        for i in range(head):  # left padding
-            if ids[i] != self.pad_id:
-                break
-            keep[i] = False
-        for i in range(n - 1, n - 1 - tail, -1):  # right padding
-            if ids[i] != self.pad_id:
-                break
-            keep[i] = False
-        return keep
-
-    def _token_list(self, rec: dict, name: str) -> list:
-        value = _lookup(rec, name)
-        option = "--prompt-field" if name == self.prompt_field else "--response-field"
-        if value is _MISSING:
-            raise _BadRow(name, f"no field '{name}'", f"pass {option} <field> naming the token id list",
-                          "missing_field")
-        if not isinstance(value, list):
-            raise _BadRow(name, f"'{name}' is {_show(value)}, not a list of token ids",
-                          f"pass {option} <field> naming the token id list", "wrong_type")
-        return value
-
-    def field_of(self, column: str) -> str | None:
-        return self.fields.get(column)
-
-    def fix_for(self, column: str) -> str:
-        if column in S.BY_NAME:
-            if self.prompt_field and column in ("input_ids", "loss_mask"):
-                return "--prompt-field and --response-field must name lists of integer token ids"
-            return f"map '{column}' to a field that holds {S.expected_kind(column)}: --map {column}=<field>"
-        return f"extra field '{column}' changed type; convert without --keep-extra"
 
 
-def _check_mapping(mapping: Mapping[str, str], prompt_field: str | None, response_field: str | None) -> None:
-    unknown = [c for c in mapping if c not in S.BY_NAME]
-    if unknown:
-        raise RolloutError(f"--map {unknown[0]}=...: '{unknown[0]}' is not a schema column; "
-                           f"use one of {', '.join(S.BY_NAME)}")
-    empty = [c for c, f in mapping.items() if not f]
-    if empty:
-        raise RolloutError(f"--map {empty[0]}=: name the source field after '='")
-    if bool(prompt_field) != bool(response_field):
-        raise RolloutError("pass both --prompt-field and --response-field (or neither)")
-    if prompt_field and {"input_ids", "loss_mask"} & set(mapping):
-        raise RolloutError("--prompt-field/--response-field build input_ids and loss_mask; "
-                           "drop --map input_ids/loss_mask")
 
 
-def _parquet_records(path: Path) -> Iterator[tuple[int, dict | _BadRow]]:
-    try:
-        pf = pq.ParquetFile(path, memory_map=False, buffer_size=1 << 20, pre_buffer=False)
-    except (pa.ArrowException, OSError) as e:
-        raise _BadFile(f"not a readable parquet file ({_short(e)})",
-                       "the file is truncated or corrupt: re-copy or re-export it", "corrupt_file")
-    with pf:
-        row = 0
-        # Small batches: to_pylist turns every token into a python object (see CHUNK_TOKENS).
-        batches = pf.iter_batches(batch_size=PARQUET_BATCH_ROWS)
-        while True:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            except (pa.ArrowException, OSError) as e:
-                raise _BadFile(f"cannot decode rows from here on ({_short(e)})",
-                               "the file is truncated or corrupt: re-copy or re-export it", "corrupt_file", row)
-            for rec in batch.to_pylist():
-                yield row, rec
-                row += 1
 
 
-def _lookup(rec: dict, path: str) -> Any:
-    """``rec[path]``, else follow a dotted path through nested objects; ``_MISSING`` if absent."""
-    if path in rec:
-        return rec[path]
-    value: Any = rec
-    for part in path.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return _MISSING
-        value = value[part]
-    return value
 
 
-def _top(path: str) -> str:
-    return path.split(".", 1)[0]
 
 
 # --------------------------------------------------------------------------------------
@@ -532,7 +142,7 @@ def _top(path: str) -> str:
 class _Sink:
     """Collects converted rows of one file at a time, validates and writes them in chunks."""
 
-    def __init__(self, source: _Source, writer: ShardWriter, on_bad: OnBad, quarantine: Path | None):
+    def __init__(self, source: Source, writer: ShardWriter, on_bad: OnBad, quarantine: Path | None):
         self.source = source
         self.writer = writer
         self.on_bad = on_bad
@@ -558,12 +168,12 @@ class _Sink:
         try:
             for row, rec in self.source.records(path):
                 self.rows_read += 1
-                if isinstance(rec, _BadRow):
+                if isinstance(rec, BadRow):
                     self._bad_row(row, rec)
                     continue
                 try:
                     out = self.source.convert(path, row, rec)
-                except _BadRow as bad:
+                except BadRow as bad:
                     self._bad_row(row, bad)
                     continue
                 row_out = _normalise(out, self.source)
@@ -573,13 +183,13 @@ class _Sink:
                 if len(self._buf) >= CHUNK_ROWS or self._buf_tokens >= CHUNK_TOKENS:
                     self._flush()
             self._flush()
-        except _BadFile as bad:
+        except BadFile as bad:
             self._flush()  # rows before a corrupt part are good
             self.bad_files += 1
             self._report(Problem(self._file, bad.row, None, bad.reason, bad.fix, kind=bad.kind), whole_file=True)
         return self.rows_read - before
 
-    def _bad_row(self, row: int, bad: _BadRow) -> None:
+    def _bad_row(self, row: int, bad: BadRow) -> None:
         self._report(Problem(self._file, row, bad.column, bad.reason, bad.fix, kind=bad.kind))
 
     def _report(self, problem: Problem, whole_file: bool = False) -> None:
@@ -629,7 +239,7 @@ class _Sink:
                 return [], None
             return [r for r, _ in good], table_from_rows([o for _, o in good], extra)
 
-    def _bad_cell(self, out: dict, extra: pa.Schema | None) -> _BadRow | None:
+    def _bad_cell(self, out: dict, extra: pa.Schema | None) -> BadRow | None:
         types = {name: S.BY_NAME[name].type for name in self.source.columns}
         if extra is not None:
             types.update({f.name: f.type for f in extra})
@@ -639,7 +249,7 @@ class _Sink:
             except _CONVERSION_ERRORS:
                 source_field = self.source.field_of(name) or name
                 kind = S.expected_kind(name) if name in S.BY_NAME else f"{type_} like the rows before"
-                return _BadRow(source_field, f"'{source_field}' is {_show(out.get(name))}; expected {kind}",
+                return BadRow(source_field, f"'{source_field}' is {show(out.get(name))}; expected {kind}",
                                self.source.fix_for(name), "wrong_type")
         return None
 
@@ -668,7 +278,7 @@ class _Sink:
         return dataclasses.replace(problem, row=row, reason=reason)
 
 
-def _normalise(out: dict, source: _Source) -> dict:
+def _normalise(out: dict, source: Source) -> dict:
     """Every output column present, and the loose input types the schema accepts made canonical."""
     row = {name: out.get(name) for name in source.columns}
     mask = row.get("loss_mask")
@@ -738,7 +348,7 @@ def _prepare_out(out: Path, overwrite: bool, quarantine: Path | None) -> tuple[l
     return entries, False
 
 
-def _run(source: _Source, out_dir: str | os.PathLike, *, shard_rows: int, on_bad: OnBad,
+def _run(source: Source, out_dir: str | os.PathLike, *, shard_rows: int, on_bad: OnBad,
          quarantine: str | os.PathLike | None, overwrite: bool, progress: ProgressCallback | None) -> ConvertResult:
     """Convert every file of ``source`` into shards staged in ``out_dir`` and published at the end."""
     if on_bad not in ("fail", "skip"):
@@ -792,7 +402,7 @@ def convert_nemo_rl(paths: str | os.PathLike | Iterable[str | os.PathLike], out_
     >>> res = convert_nemo_rl("logs/exp_001", "rollouts/run1", on_bad="skip", quarantine="bad.jsonl")
     >>> print(res.summary())
     """
-    source = _NemoRL(paths, reward_field=reward_field, keep_extra=keep_extra)
+    source = NemoRLSource(paths, reward_field=reward_field, keep_extra=keep_extra)
     if progress is not None and source.ignored:
         progress(f"ignored {len(source.ignored)} other .jsonl file(s), e.g. {source.ignored[0]}")
     return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
@@ -819,7 +429,7 @@ def convert_generic(paths: str | os.PathLike | Iterable[str | os.PathLike], out_
     >>> convert_generic("dump.jsonl", "rollouts/x", {"input_ids": "tokens", "loss_mask": "mask",
     ...                                              "reward": "score"})
     """
-    source = _Generic(paths, mapping, prompt_field=prompt_field, response_field=response_field,
+    source = GenericSource(paths, mapping, prompt_field=prompt_field, response_field=response_field,
                       keep_extra=keep_extra, pad_id=pad_id, mask_field=mask_field)
     return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
                 overwrite=overwrite, progress=progress)
@@ -856,7 +466,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "The output folder receives the shards only when every input was converted.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="dump files, folders (searched recursively) or globs")
-    p.add_argument("--from", dest="source", choices=["nemo-rl", "generic"], required=True,
+    p.add_argument("--from", dest="source", choices=list(SOURCES), required=True,
                    help="nemo-rl: train_data_step<N>.jsonl dumps; generic: JSONL/parquet with --map")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (must be empty, or --overwrite)")
     p.add_argument("--shard-rows", type=_positive_int, default=DEFAULT_SHARD_ROWS, metavar="N",
@@ -996,12 +606,5 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _show(value: Any) -> str:
-    """A value, short, for a message."""
-    text = json.dumps(value) if isinstance(value, (list, dict, str)) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _short(e: Exception) -> str:
-    msg = " ".join(str(e).split())
-    return msg[:160] + ("..." if len(msg) > 160 else "")
