@@ -1,4 +1,4 @@
-"""Synthetic multi-turn rollouts whose true state values are known exactly.
+"""The multi-turn tool environment: synthetic rollouts whose true state values are known exactly.
 
 Used to test and demo critic pretraining: a critic trained on these rows can be scored
 against ``oracle_values``, the exact value of every state, and an alignment bug shows up
@@ -50,111 +50,75 @@ by convention (alignment), not the mean return. After EOS every value is 0: the 
 reward has been received. Truncation is part of the chain, so values near ``max_length``
 are lower than far from it.
 
-Vocabulary (``VOCAB_SIZE`` = 512; id 0 is PAD and never appears in data)
------------------------------------------------------------------------
-==========================  =========  ==================================================
-ids                         mask       meaning
-==========================  =========  ==================================================
-1 BOS, 2 PROMPT_END         0          prompt start / end
-3 EOT, 4 EOS                1          end of a policy turn / of the answer
-5 ENV_END, 6 GAME_OVER      0          end of an environment segment / out of turns
-7 GRADER_END                0          end of the grader segment
-8 OK, 9 FAIL                0          the environment's verdict on the last turn
-10 VERDICT_PASS, 11 ..FAIL  0          the grader's verdict on the answer
-12..19 DIFFICULTY+d         0          task difficulty d = 0 (easy) .. 7 (hard)
-20..23 NEED+(k-1)           0          successes needed, k = 1..4
-24..31 ACT_GOOD, 32..39     1          a good / bad action (first token of a turn)
-ACT_BAD
-40..43 ANSWER_GOOD, 44..47  1          a good / bad answer (first token of the answer)
-ANSWER_BAD
-48..112 STATUS              0          STATUS + need_left * 13 + turns_left
-128..255 FILLER_PROMPT      0          + 16 * length_class + i
-256..383 FILLER_POLICY      1          + 16 * length_class + i
-384..511 FILLER_ENV         0          + 16 * length_class + i
-==========================  =========  ==================================================
-
-API: ``generate`` (a table), ``write`` (shards and a ``_synth.json`` manifest),
-``monte_carlo_value`` (sampled value of a prefix, for tests), ``SynthEnv`` (the chain),
-``value_stats`` and ``rollouts synth`` on the command line. numpy and pyarrow only.
+Token ids: ``vocab.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
-import shutil
-import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from functools import lru_cache
 from itertools import product
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from .errors import RolloutError
-from .fileio import publish_files, write_json
-from .schema import canonical_schema
-from .writer import DEFAULT_SHARD_ROWS, ShardWriter
-
-VOCAB_SIZE = 512
-PAD = 0
-BOS = 1
-PROMPT_END = 2
-EOT = 3
-EOS = 4
-ENV_END = 5
-GAME_OVER = 6
-GRADER_END = 7
-OK = 8
-FAIL = 9
-VERDICT_PASS = 10
-VERDICT_FAIL = 11
-DIFFICULTY = 12
-N_DIFFICULTY = 8
-NEED = 20
-MAX_NEED = 4
-ACT_GOOD = 24
-ACT_BAD = 32
-N_ACT_IDS = 8
-ANSWER_GOOD = 40
-ANSWER_BAD = 44
-N_ANSWER_IDS = 4
-STATUS = 48
-MAX_TURNS = 12
-FILLER_PROMPT = 128
-FILLER_POLICY = 256
-FILLER_ENV = 384
-N_LENGTH_CLASSES = 8
-FILLER_IDS_PER_CLASS = 16
-
-
-def _policy_token_table() -> np.ndarray:
-    t = np.zeros(VOCAB_SIZE, dtype=bool)
-    t[[EOT, EOS]] = True
-    t[ACT_GOOD:ACT_BAD + N_ACT_IDS] = True
-    t[ANSWER_GOOD:ANSWER_BAD + N_ANSWER_IDS] = True
-    t[FILLER_POLICY:FILLER_ENV] = True
-    return t
-
-
-IS_POLICY_TOKEN = _policy_token_table()
-"""``IS_POLICY_TOKEN[id]``: the policy emits this id (its loss_mask is 1)."""
+from ..schema import canonical_schema
+from .vocab import (
+    ACT_BAD,
+    ACT_GOOD,
+    ANSWER_BAD,
+    ANSWER_GOOD,
+    BOS,
+    DIFFICULTY,
+    ENV_END,
+    EOS,
+    EOT,
+    FAIL,
+    FILLER_ENV,
+    FILLER_IDS_PER_CLASS,
+    FILLER_POLICY,
+    FILLER_PROMPT,
+    GAME_OVER,
+    GRADER_END,
+    IS_POLICY_TOKEN,
+    MAX_NEED,
+    MAX_TURNS,
+    N_ACT_IDS,
+    N_ANSWER_IDS,
+    N_DIFFICULTY,
+    N_LENGTH_CLASSES,
+    NEED,
+    OK,
+    PROMPT_END,
+    STATUS,
+    VERDICT_FAIL,
+    VERDICT_PASS,
+)
 
 # Mean filler lengths of the three kinds of segments before ``scale`` (fitted to the
 # median row length) multiplies them; their ratios shape a row (long turns, short prompts).
 _BASE_MEAN = {"prompt": 12.0, "policy": 16.0, "env": 8.0}
+
+
 _Z = np.linspace(-2.0, 2.0, N_LENGTH_CLASSES)
+
+
 _CLASS_WEIGHTS = np.exp(-_Z ** 2 / 2) / np.exp(-_Z ** 2 / 2).sum()
+
+
 _CALIBRATION_ROWS = 2048
+
+
 _CALIBRATION_SEED = 12345
+
+
 # Rows per generation chunk: tokens and states buffers are chunk_rows x max_length.
 _CHUNK_CELLS = 1 << 24
+
+
 _VALUE_BLOCK = 128
-MANIFEST = "_synth.json"
-"""Manifest next to the shards; the leading underscore makes pyarrow / pandas dataset readers skip it."""
 
 
 @dataclass(frozen=True)
@@ -633,234 +597,3 @@ def monte_carlo_value(prefix, n_samples: int, seed: int = 0, **env_params) -> tu
     """Sampled value (mean, standard error) of the state after ``prefix``; see
     ``SynthEnv.monte_carlo_value``."""
     return make_env(**env_params).monte_carlo_value(prefix, n_samples, seed)
-
-
-class ValueStats:
-    """What a critic can learn from an archive, accumulated table by table (groups must
-    not straddle tables). Over policy tokens (loss_mask 1), token-weighted:
-
-    - mean/std of the oracle values and their variance split: between prompts, between
-      rollouts of a prompt, within rollouts (sums to the total);
-    - explained variance of the Monte-Carlo return G by the oracle (the ceiling for a
-      learned critic) and by the value at the row's first policy token (a critic that reads
-      only the prompt). G assumes this generator's rewards: the outcome on the last policy
-      token and ``-token_penalty`` on every policy token, discounted by ``gamma`` per
-      policy token.
-    """
-
-    def __init__(self, gamma: float = 1.0, token_penalty: float = 0.0):
-        self.gamma = gamma
-        self.token_penalty = token_penalty
-        self.rows = 0
-        self.truncated = 0
-        self.ends_on_env = 0
-        self._lengths: list[np.ndarray] = []
-        self._turns: list[np.ndarray] = []
-        self._rewards: list[np.ndarray] = []
-        self._difficulty: list[np.ndarray] = []
-        self.n = 0
-        self.s_v = self.s_vv = self.s_g = self.s_gg = self.s_err = self.s_err_prompt = 0.0
-        self.ss_rows = self.ss_groups = 0.0  # sum over rows / groups of (sum V)^2 / count
-
-    def add(self, table: pa.Table) -> None:
-        ids = table.column("input_ids").combine_chunks()
-        offsets = ids.offsets.to_numpy().astype(np.int64)
-        tokens = ids.values.to_numpy()
-        mask = table.column("loss_mask").combine_chunks().values.to_numpy().astype(bool)
-        values = table.column("oracle_values").combine_chunks().values.to_numpy().astype(np.float64)
-        reward = table.column("reward").to_numpy()
-        lengths = np.diff(offsets)
-        rows = len(lengths)
-        row = np.repeat(np.arange(rows), lengths)
-        self.rows += rows
-        self.truncated += int(table.column("truncated").to_numpy().sum())
-        self.ends_on_env += int((~mask[offsets[1:] - 1]).sum())
-        self._lengths.append(lengths)
-        self._rewards.append(reward)
-        self._difficulty.append(tokens[offsets[:-1] + 1] - DIFFICULTY)
-        starts = np.zeros(len(mask), dtype=bool)
-        starts[1:] = mask[1:] & ~mask[:-1]
-        starts[offsets[:-1]] = mask[offsets[:-1]]
-        self._turns.append(np.bincount(row[starts], minlength=rows))
-
-        # Policy tokens left in the row, counting this one: the discount exponent of G.
-        cm = np.cumsum(mask)
-        before_row = (cm - mask)[offsets[:-1]]
-        left = (cm[offsets[1:] - 1] - before_row)[row] - (cm - mask - before_row[row])
-        g = self.gamma
-        m = left[mask]
-        disc_sum = m if g == 1.0 else (1 - g ** m) / (1 - g)
-        G = g ** (m - 1) * reward[row[mask]] - self.token_penalty * disc_sum
-        V = values[mask]
-        prow = row[mask]
-        first = np.zeros(rows)
-        rows_with_policy, first_at = np.unique(prow, return_index=True)
-        first[rows_with_policy] = V[first_at]  # value at each row's first policy token
-        groups = np.unique(table.column("group_id").to_numpy(zero_copy_only=False), return_inverse=True)[1]
-        n_row = np.bincount(prow, minlength=rows)
-        s_row = np.bincount(prow, weights=V, minlength=rows)
-        n_grp = np.bincount(groups, weights=n_row)
-        s_grp = np.bincount(groups, weights=s_row)
-        self.n += len(V)
-        self.s_v += V.sum()
-        self.s_vv += (V * V).sum()
-        self.s_g += G.sum()
-        self.s_gg += (G * G).sum()
-        self.s_err += ((G - V) ** 2).sum()
-        self.s_err_prompt += ((G - first[prow]) ** 2).sum()
-        self.ss_rows += (s_row[n_row > 0] ** 2 / n_row[n_row > 0]).sum()
-        self.ss_groups += (s_grp[n_grp > 0] ** 2 / n_grp[n_grp > 0]).sum()
-
-    def result(self) -> dict:
-        lengths = np.concatenate(self._lengths)
-        rewards = np.concatenate(self._rewards)
-        difficulty = np.concatenate(self._difficulty)
-        turns = np.concatenate(self._turns)
-        n = self.n
-        mean = self.s_v / n
-        c = self.s_v ** 2 / n
-        ss_total = self.s_vv - c
-        ss_g = self.s_gg - self.s_g ** 2 / n
-        return {
-            "rows": self.rows,
-            "tokens": int(lengths.sum()),
-            "policy_tokens": n,
-            "length": {"p50": float(np.percentile(lengths, 50)), "p90": float(np.percentile(lengths, 90)),
-                       "p99": float(np.percentile(lengths, 99)), "max": int(lengths.max())},
-            "truncated_rows": self.truncated,
-            "rows_ending_on_env": self.ends_on_env,
-            "policy_turns": {str(k): int(v) for k, v in zip(*np.unique(turns, return_counts=True))},
-            "reward_mean": float(rewards.mean()),
-            "reward_mean_by_difficulty": [round(float(rewards[difficulty == d].mean()), 4)
-                                          if (difficulty == d).any() else None for d in range(N_DIFFICULTY)],
-            "oracle_value": {"mean": mean, "std": math.sqrt(max(ss_total, 0.0) / n)},
-            "oracle_variance": {"total": ss_total / n,
-                                "between_prompts": (self.ss_groups - c) / n,
-                                "between_rollouts_of_a_prompt": (self.ss_rows - self.ss_groups) / n,
-                                "within_rollouts": (self.s_vv - self.ss_rows) / n},
-            "return_variance": ss_g / n,
-            "explained_variance": {"oracle": 1 - self.s_err / ss_g,
-                                   "prompt_only": 1 - self.s_err_prompt / ss_g},
-        }
-
-
-def value_stats(table: pa.Table, gamma: float = 1.0, token_penalty: float = 0.0) -> dict:
-    """``ValueStats`` of one table (a generated or read-back synthetic archive)."""
-    stats = ValueStats(gamma, token_penalty)
-    stats.add(table)
-    return stats.result()
-
-
-def write(out_dir: str | os.PathLike, rows: int, seed: int, shard_rows: int = DEFAULT_SHARD_ROWS, *,
-          overwrite: bool = False, **env_params) -> list[Path]:
-    """Write ``generate(rows, seed, **env_params)`` as schema-v1 shards (``part-*.parquet``)
-    under ``out_dir`` plus a ``_synth.json`` manifest (parameters, seed, ``value_stats``).
-    Refuses a folder that already holds parquet files unless ``overwrite``, which replaces
-    earlier ``part-*.parquet`` shards (and nothing else)."""
-    return _write(out_dir, rows, seed, shard_rows, overwrite, env_params)[0]
-
-
-def _write(out_dir: str | os.PathLike, rows: int, seed: int, shard_rows: int, overwrite: bool,
-           env_params: dict) -> tuple[list[Path], dict]:
-    if shard_rows < 1:
-        raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
-    env = make_env(**env_params)
-    out = Path(out_dir)
-    old = _shards_to_replace(out, overwrite)
-    out.mkdir(parents=True, exist_ok=True)
-    # Staged in a hidden folder inside `out` (readers skip it): the folder shows the old shards
-    # or the new ones, never a half-written mix, whatever stops the generator.
-    staging = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
-    try:
-        stats = ValueStats(env.params.gamma, env.params.token_penalty)
-        with ShardWriter(staging, shard_rows=shard_rows) as writer:
-            for table in env.tables(rows, seed):
-                stats.add(table)
-                writer.write_table(table)
-        manifest = {
-            "generator": "rollouts.synth",
-            "rows": rows,
-            "seed": seed,
-            "shard_rows": shard_rows,
-            "params": asdict(env.params),
-            "length_scale": env.scale,
-            "vocab_size": VOCAB_SIZE,
-            "shards": [p.name for p in writer.paths],
-            "stats": stats.result(),
-        }
-        write_json(staging / MANIFEST, manifest)
-        published = publish_files([*writer.paths, staging / MANIFEST], out, old)
-        staging.rmdir()
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return [p for p in published if p.suffix == ".parquet"], manifest
-
-
-def _shards_to_replace(out: Path, overwrite: bool) -> list[Path]:
-    """The shards new ones will replace; refuses to mix with other parquet files."""
-    existing = sorted(out.glob("*.parquet")) if out.is_dir() else []
-    if not existing:
-        return []
-    if not overwrite:
-        raise RolloutError(f"{out} already holds {len(existing)} parquet file(s); write to an empty "
-                           "folder, or pass --overwrite to replace its part-*.parquet shards")
-    foreign = [p.name for p in existing if not p.match("part-*.parquet")]
-    if foreign:
-        raise RolloutError(f"{out} holds parquet files this generator does not write ({', '.join(foreign[:3])}); "
-                           "refusing to mix them with synthetic shards: use another folder")
-    return existing
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    d = SynthParams()
-    p = sub.add_parser("synth", help="generate synthetic rollouts with exact oracle values",
-                       description="Generate synthetic multi-turn rollouts (schema v1) whose true state "
-                                   "values are known exactly (oracle_values). Writes part-*.parquet "
-                                   "shards and a _synth.json manifest with the parameters and value "
-                                   "statistics.")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--rows", type=int, required=True, help="number of rollouts")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--shard-rows", type=int, default=DEFAULT_SHARD_ROWS,
-                   help=f"rows per shard (default {DEFAULT_SHARD_ROWS})")
-    p.add_argument("--median-length", type=float, default=d.median_length,
-                   help=f"target median row length in tokens (default {d.median_length:g})")
-    p.add_argument("--max-length", type=int, default=d.max_length,
-                   help=f"rows are truncated at this many tokens (default {d.max_length})")
-    p.add_argument("--length-sigma", type=float, default=d.length_sigma,
-                   help=f"length tail heaviness (default {d.length_sigma:g})")
-    p.add_argument("--group-size", type=int, default=d.group_size,
-                   help=f"rollouts per prompt (default {d.group_size})")
-    p.add_argument("--max-turns", type=int, default=d.max_turns,
-                   help=f"policy turns before GAME_OVER, <= {MAX_TURNS} (default {d.max_turns})")
-    p.add_argument("--max-need", type=int, default=d.max_need,
-                   help=f"most successful turns a task needs, <= {MAX_NEED} (default {d.max_need})")
-    p.add_argument("--token-penalty", type=float, default=d.token_penalty,
-                   help="reward of -X on every policy token, written as token_rewards (default 0)")
-    p.add_argument("--gamma", type=float, default=d.gamma,
-                   help="discount per policy token for oracle_values (default 1)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace part-*.parquet shards already in --out")
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    params = {"median_length": args.median_length, "max_length": args.max_length,
-              "length_sigma": args.length_sigma, "group_size": args.group_size,
-              "max_turns": args.max_turns, "max_need": args.max_need,
-              "token_penalty": args.token_penalty, "gamma": args.gamma}
-    try:
-        paths, manifest = _write(args.out, args.rows, args.seed, args.shard_rows, args.overwrite, params)
-    except RolloutError:
-        raise
-    except ValueError as e:  # bad parameters: a user error like any other
-        raise RolloutError(str(e)) from None
-    st = manifest["stats"]
-    length, value, ev = st["length"], st["oracle_value"], st["explained_variance"]
-    print(f"wrote {st['rows']:,} rows ({st['tokens']:,} tokens) in {len(paths)} shard(s) to {args.out}: "
-          f"length p50 {length['p50']:.0f} p99 {length['p99']:.0f} max {length['max']} "
-          f"({st['truncated_rows']} truncated), reward mean {st['reward_mean']:.3f}, oracle value at "
-          f"policy tokens mean {value['mean']:.3f} std {value['std']:.3f}, explained variance of "
-          f"returns: oracle {ev['oracle']:.3f}, prompt only {ev['prompt_only']:.3f}")
-    return 0
