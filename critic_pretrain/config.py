@@ -295,59 +295,6 @@ class Config:
 
 
 # ---------------------------------------------------------------------------------------------
-# What a resume may not change
-
-# Keys that define what is trained: a resume that changed one would continue a different run
-# under the old run's name (steps trained with gamma 1 reported as gamma 0.9, a schedule
-# stretched mid-way, a different split). Prefixes cover whole sections.
-RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias", "model.dtype", "targets.",
-                "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
-                "optim.warmup_steps", "optim.head_lr", "train.freeze_backbone_steps", "train.max_steps", "train.grad_clip", "data.sources",
-                "data.val_fraction", "data.max_tokens", "data.max_length", "data.overlong", "data.shuffle",
-                "data.on_bad", "data.recency_half_life")
-# data.train / data.val paths are not here: the data manifest compares the files themselves.
-# train.grad_accum is not here either: what must stay is world size x grad_accum, the micro-batches
-# of one optimizer step (train.check_layout), so a run may resume on another number of ranks.
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; lists and model.config stay whole values."""
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and key != "model.config":
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _matches(key: str, patterns) -> bool:
-    return any(key == p or key.startswith(p if p.endswith(".") else p + ".") for p in patterns)
-
-
-def run_changes(old: dict, new: Config) -> list[tuple[str, Any, Any]]:
-    """(key, old, new) for every run-defining key that differs between a checkpoint's
-    ``config.yaml`` (``old``, a plain dict) and ``new``. ``train.max_steps`` only counts when
-    the schedule has a horizon (linear or cosine)."""
-    # A key the old config lacks (written before the key existed) had its default then.
-    before, after = {**flatten(Config().to_dict()), **flatten(old)}, flatten(new.to_dict())
-    changed = []
-    for key in sorted(before.keys() | after.keys()):
-        a, b = before.get(key), after.get(key)
-        if a == b or not _matches(key, RUN_DEFINING):
-            continue
-        if key == "train.max_steps" and new.optim.schedule == "constant" and before.get("optim.schedule") == "constant":
-            continue
-        changed.append((key, a, b))
-    return changed
-
-
-def refused_changes(changes: list[tuple[str, Any, Any]], allowed: list[str]) -> list[tuple[str, Any, Any]]:
-    return [c for c in changes if not _matches(c[0], allowed)]
-
-
-# ---------------------------------------------------------------------------------------------
 # Loading
 
 def bundled_configs() -> Path:

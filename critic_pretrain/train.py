@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import math
 import signal
@@ -31,15 +30,14 @@ import yaml
 
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain import faults, parallel, preflight, tracking
-from critic_pretrain.config import Config, describe, load_config, refused_changes, run_changes
+from critic_pretrain.checkpoint import resume
+from critic_pretrain.config import Config, describe, load_config
 from critic_pretrain.data import (
     Layout,
     TrainData,
     build_train_data,
-    file_manifest,
     loader,
     plan_epoch,
-    source_files,
     step_batches,
     to_device,
 )
@@ -207,9 +205,9 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     resume_dir = ckpt.resolve_resume(out, cfg.checkpoint.load_step)
     if resume_dir is not None:
         log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
-        config_changes = check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
-        check_layout(resume_dir, layout)
-        data_changes = check_data_changes(resume_dir, cfg.data)
+        config_changes = resume.check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
+        resume.check_layout(resume_dir, layout)
+        data_changes = resume.check_data_changes(resume_dir, cfg.data)
     else:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
         config_changes, data_changes = [], []
@@ -292,95 +290,6 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
                prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
                tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked,
                rewards_logged=rewards_logged)
-
-
-def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
-    """Compare the run-defining keys of ``cfg`` with the config ``step_dir`` was trained with.
-
-    A change stops the run (the checkpoint would continue under settings it was not trained
-    with) unless ``train.allow_config_changes`` names it; then it joins the history recorded
-    in later manifests. Nothing in the output folder is touched before this check.
-    """
-    paths = ckpt.StepPaths(step_dir)
-    old = paths.read_config()
-    if old is None:
-        raise UserError(f"{paths.config_yaml} cannot be read; resume from another step (checkpoint.load_step=N) "
-                        "or use a new output_dir")
-    history = list((paths.read_manifest() or {}).get("config_changes", []))
-    changes = run_changes(old, cfg)
-    refused = refused_changes(changes, cfg.train.allow_config_changes)
-    if refused:
-        what = "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in refused)
-        keys = ",".join(k for k, _, _ in refused)
-        raise UserError(f"{cfg.output_dir} holds a run trained with other settings ({step_dir.name}): {what}. "
-                        f"Use a new output_dir, or continue this run with the change: "
-                        f"train.allow_config_changes=[{keys}] (recorded in the checkpoint manifests)")
-    if not changes:
-        return history
-    log.warning("resuming with changed settings (train.allow_config_changes): %s",
-                "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in changes))
-    return history + [{"at_step": ckpt.step_number(step_dir),
-                       "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]}]
-
-
-def check_layout(step_dir: Path, layout: Layout) -> None:
-    """A resume may change the number of ranks, not the micro-batches of one optimizer step
-    (world x grad_accum): the data position counts steps of the same epoch plan."""
-    paths = ckpt.StepPaths(step_dir)
-    world = (paths.read_manifest() or {}).get("world_size")
-    accum = ((paths.read_config() or {}).get("train") or {}).get("grad_accum")
-    if not isinstance(world, int) or not isinstance(accum, int) or world * accum == layout.per_step:
-        return
-    per_step = world * accum
-    fix = (f"set train.grad_accum={per_step // layout.world}" if per_step % layout.world == 0
-           else f"run on a number of ranks that divides {per_step}")
-    raise UserError(f"{step_dir.name} was trained with {world} rank(s) x train.grad_accum {accum} = {per_step} "
-                    f"micro-batches per step; this run has {layout.world} x {layout.grad_accum} = {layout.per_step}. "
-                    f"To resume on {layout.world} rank(s), {fix}, so every step sees the same data")
-
-
-def _short(v) -> str:
-    text = json.dumps(v, default=str)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def check_data_changes(step_dir: Path, data_cfg) -> list[dict]:
-    """Compare the rollout files now with the data manifest saved in ``step_dir``.
-
-    Changed files stop the run (a resume would silently train on other data) unless
-    ``data.allow_changes``; then the change joins the history recorded in later manifests.
-    """
-    manifest = json.loads(ckpt.StepPaths(step_dir).manifest.read_text()).get("data", {})
-    history = list(manifest.get("changes", []))
-    before = {f["path"]: f for f in manifest.get("files", [])}
-    now = {f["path"]: f for f in file_manifest(source_files(data_cfg.all_sources()))}
-    added = sorted(now.keys() - before.keys())
-    removed = sorted(before.keys() - now.keys())
-    modified = sorted(p for p in now.keys() & before.keys() if _file_changed(before[p], now[p]))
-    if not (added or removed or modified):
-        return history
-    parts = [f"{len(v)} {k} ({', '.join(Path(p).name for p in v[:3])}{', ...' if len(v) > 3 else ''})"
-             for k, v in (("added", added), ("removed", removed), ("modified", modified)) if v]
-    what = f"the rollout files changed since {step_dir.name} was saved: {'; '.join(parts)}"
-    if not data_cfg.allow_changes:
-        raise UserError(f"{what}. Restore them, use a new output_dir, or set data.allow_changes=true to continue "
-                        "on the new data (the change is recorded in the checkpoint manifests)")
-    log.warning("%s; continuing on the new data (data.allow_changes=true)", what)
-    return history + [{"at_step": ckpt.step_number(step_dir), "added": added, "removed": removed,
-                       "modified": modified}]
-
-
-def _file_changed(before: dict, now: dict) -> bool:
-    """Size, mtime (when both recorded) or content fingerprint differ. Manifests from before
-    sampled fingerprints hold a footer-only one: compare like with like."""
-    from rollouts.paths import legacy_fingerprint
-
-    if before["size"] != now["size"]:
-        return True
-    if before.get("mtime_ns") is not None and before["mtime_ns"] != now.get("mtime_ns"):
-        return True
-    old = before["fingerprint"]
-    return old != (now["fingerprint"] if old.startswith("v2:") else legacy_fingerprint(now["path"]))
 
 
 def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> TrainState:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from critic_pretrain.config import Config, load_config, refused_changes, run_changes
+from critic_pretrain.checkpoint.resume import refused_changes, run_changes
+from critic_pretrain.config import Config, load_config
 from critic_pretrain.errors import UserError
 
 

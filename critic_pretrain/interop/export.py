@@ -39,9 +39,9 @@ import torch
 from rollouts import fileio
 
 from .. import checkpoint as ckpt
+from ..checkpoint.safe_dcp import read_dcp, scheduler_class, single_process_ok
 from ..errors import UserError
 from .check import SeedReport, check_seed
-from .dcp import read_dcp, scheduler_class, single_process_ok
 from .frameworks import (
     CONSTANT_TOTAL_ITERS,
     FORMAT_ALIASES,

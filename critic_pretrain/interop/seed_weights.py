@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import checkpoint as ckpt
+from ..checkpoint.safe_dcp import dcp_metadata, read_dcp, scheduler_class
 from ..errors import first_line
-from .dcp import dcp_metadata, read_dcp, scheduler_class
 from .frameworks import HEAD
 from .seed_report import SeedReport
 

@@ -1,0 +1,263 @@
+"""The ``step_<n>`` checkpoint tree: the exact layout a NeMo-RL PPO run warm-starts from.
+
+    <output_dir>/step_<n>/                 n = optimizer steps completed
+        value/weights/model/shard-00001-model-00001-of-00001.safetensors
+        value/weights/model/.hf_metadata/config.json
+        value/optimizer/optim/             torch.distributed.checkpoint: {"optim", "sched"}
+        value/optimizer/scheduler.json     schedule metadata (Megatron-equivalent names)
+        value/tokenizer/                   when a tokenizer is known
+        training_info.json                 NeMo-RL's keys + latest val:<metric>
+        config.yaml                        the resolved run config
+        critic_pretrain.json               our manifest: format, targets, data, accepted config
+                                           changes, versions, every file's size and checksum
+        resume/state.json                  step, epoch, data position, early-stop reason (ours)
+        resume/rng_rank<r>.safetensors     each rank's RNG state (ours; no pickle)
+
+``StepPaths`` names every one of these files; this module writes them all (``save_checkpoint``,
+also for the NeMo-RL export's copy) and reads them back.
+
+Saves are atomic: everything is written under ``tmp_step_<n>`` and renamed at the end, so
+a folder named ``step_<n>`` is complete. ``find_checkpoints`` additionally checks the
+manifest's file sizes and ignores anything else, so a crash, a partial copy or a planted
+folder never becomes the resume point.
+
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollouts import fileio
+
+from ..errors import UserError, require
+
+log = logging.getLogger(__name__)
+
+
+FORMAT_VERSION = 2  # 2: per-file checksums in the manifest; RNG state as safetensors
+
+
+WEIGHTS_FILE = "shard-00001-model-00001-of-00001.safetensors"
+
+
+MANIFEST = "critic_pretrain.json"
+
+
+STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class StepPaths:
+    """Every path of one ``step_<n>`` folder (the tree in this module's docstring), and readers
+    for its small files. No other module builds these paths by hand."""
+
+    root: Path
+
+    # value/: what NeMo-RL loads
+    @property
+    def value_dir(self) -> Path:
+        return self.root / "value"
+
+    @property
+    def weights_root(self) -> Path:
+        """value/weights: NeMo-RL refuses a warm start without it."""
+        return self.value_dir / "weights"
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.weights_root / "model"
+
+    @property
+    def weights(self) -> Path:
+        return self.weights_dir / WEIGHTS_FILE
+
+    @property
+    def hf_config(self) -> Path:
+        return self.weights_dir / ".hf_metadata" / "config.json"
+
+    @property
+    def optimizer_dir(self) -> Path:
+        return self.value_dir / "optimizer"
+
+    @property
+    def optim_dir(self) -> Path:
+        return self.optimizer_dir / "optim"
+
+    @property
+    def scheduler_json(self) -> Path:
+        return self.optimizer_dir / "scheduler.json"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.value_dir / "tokenizer"
+
+    # the step's own records
+    @property
+    def training_info(self) -> Path:
+        return self.root / "training_info.json"
+
+    @property
+    def config_yaml(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / MANIFEST
+
+    @property
+    def resume_dir(self) -> Path:
+        return self.root / "resume"
+
+    @property
+    def resume_state(self) -> Path:
+        return self.resume_dir / "state.json"
+
+    def rng(self, rank: int) -> Path:
+        return self.resume_dir / f"rng_rank{rank}.safetensors"
+
+    # readers (None when the file is missing or unreadable)
+    def read_manifest(self) -> dict | None:
+        return fileio.read_json(self.manifest)
+
+    def read_training_info(self) -> dict | None:
+        return fileio.read_json(self.training_info)
+
+    def read_resume_state(self) -> dict | None:
+        return fileio.read_json(self.resume_state)
+
+    def read_config(self) -> dict | None:
+        """config.yaml as a plain mapping (``config.load_config`` builds the typed one)."""
+        import yaml
+        try:
+            doc = yaml.safe_load(self.config_yaml.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+
+LOCK = ".lock"
+
+
+def lock_output_dir(out: Path):
+    """Create ``out`` and take an exclusive advisory lock on ``out/.lock`` for this process's
+    life (the OS releases it on any exit, kill -9 included). Returns the open lock file; a
+    second run on the same folder gets a one-line UserError naming the holder."""
+    import fcntl
+    import socket
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fh = open(out / LOCK, "a+")
+    except OSError as e:
+        raise UserError(f"output_dir={out}: cannot create or write it ({e.strerror or e}"
+                        f"{': ' + str(e.filename) if e.filename else ''}); pick a writable folder") from None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise UserError(f"output_dir={out} is in use by {holder}; wait for it to finish (or stop it), "
+                        "or use another output_dir") from None
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.flush()
+    except OSError as e:
+        fh.close()
+        raise UserError(f"output_dir={out}: cannot write to it ({e.strerror or e}); free space or pick a "
+                        "writable folder") from None
+    return fh
+
+
+def step_number(path: Path) -> int | None:
+    m = STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def verify(step_dir: Path, *, content: bool = False) -> str | None:
+    """None when ``step_dir`` is a complete checkpoint, else what is wrong with it.
+
+    Sizes always; with ``content``, every file's checksum too (reads the whole checkpoint:
+    done for the one step a resume, ``seed check``, ``export`` or ``eval`` uses)."""
+    p = StepPaths(step_dir)
+    if not p.manifest.is_file():
+        return f"no {MANIFEST} (incomplete save or not written by critic-pretrain)"
+    try:
+        manifest = json.loads(p.manifest.read_text())
+    except (OSError, ValueError) as e:
+        return f"unreadable {MANIFEST} ({e})"
+    files = manifest.get("files", {})
+    if not isinstance(files, dict):
+        return f"{MANIFEST} has no file list"
+    for rel, entry in files.items():
+        size, digest = (entry, None) if isinstance(entry, int) else (entry.get("size"), entry.get(CHECKSUM))
+        f = step_dir / rel
+        if not f.is_file():
+            return f"missing {rel}"
+        if f.stat().st_size != size:
+            return f"{rel} has {f.stat().st_size} bytes, expected {size} (truncated or overwritten)"
+        if content and digest is not None and file_checksum(f) != digest:
+            return f"{rel} does not match its checksum (corrupted on disk or edited)"
+    return None
+
+
+CHECKSUM = "xxh3_128"
+
+
+def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
+    """xxh3-128 of the file's bytes (no fallback hash: a digest that differs by machine would
+    call a sound checkpoint corrupted)."""
+    h = require("xxhash", "checkpoint checksums").xxh3_128()  # a dependency of critic-pretrain
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def find_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
+    """Complete ``step_<n>`` folders by step. ``tmp_step_*`` and broken folders are left out."""
+    out = {}
+    root = Path(output_dir)
+    if not root.is_dir():
+        return out
+    for d in root.iterdir():
+        n = step_number(d)
+        if n is None or not d.is_dir():
+            continue
+        problem = verify(d)
+        if problem is None:
+            out[n] = d
+        else:
+            log.warning("ignoring %s: %s", d, problem)
+    return dict(sorted(out.items()))
+
+
+def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path | None:
+    """The checkpoint to resume from: ``load_step`` exactly, else the newest complete one whose
+    files match their checksums (a corrupted newest one is skipped with a warning)."""
+    root = Path(output_dir)
+    if load_step is not None:
+        d = root / f"step_{load_step}"
+        if not d.is_dir():
+            have = sorted(find_checkpoints(root))
+            raise UserError(f"checkpoint.load_step={load_step}: {d} does not exist "
+                            f"(available steps: {have or 'none'}); pick one of them or unset load_step")
+        problem = verify(d, content=True)
+        if problem:
+            raise UserError(f"checkpoint.load_step={load_step}: {d} is not a complete checkpoint ({problem}); "
+                            "pick another step or unset load_step to use the newest complete one")
+        return d
+    for n, d in sorted(find_checkpoints(root).items(), reverse=True):
+        problem = verify(d, content=True)
+        if problem is None:
+            return d
+        log.warning("not resuming from %s: %s; trying the previous checkpoint", d, problem)
+    return None

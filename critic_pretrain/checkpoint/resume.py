@@ -1,0 +1,161 @@
+"""What a resume may change: the rules that keep a re-run of the same command from mixing two runs.
+
+A resume continues the newest checkpoint only when the run-defining settings are the ones it was
+trained with (``check_config_changes``; ``train.allow_config_changes`` accepts named changes and
+records them), the micro-batches of one optimizer step are the same (``check_layout``: world size
+x grad_accum), and the rollout files are unchanged (``check_data_changes``; ``data.allow_changes``).
+Each check runs before anything in the output folder is rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..data import Layout, file_manifest, source_files
+from ..errors import UserError
+from .layout import StepPaths, step_number
+
+log = logging.getLogger(__name__)
+
+
+# Keys that define what is trained: a resume that changed one would continue a different run
+# under the old run's name (steps trained with gamma 1 reported as gamma 0.9, a schedule
+# stretched mid-way, a different split). Prefixes cover whole sections.
+RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias", "model.dtype", "targets.",
+                "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
+                "optim.warmup_steps", "optim.head_lr", "train.freeze_backbone_steps", "train.max_steps", "train.grad_clip", "data.sources",
+                "data.val_fraction", "data.max_tokens", "data.max_length", "data.overlong", "data.shuffle",
+                "data.on_bad", "data.recency_half_life")
+# data.train / data.val paths are not here: the data manifest compares the files themselves.
+# train.grad_accum is not here either: what must stay is world size x grad_accum, the micro-batches
+# of one optimizer step (``check_layout``), so a run may resume on another number of ranks.
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists and model.config stay whole values."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key != "model.config":
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _matches(key: str, patterns) -> bool:
+    return any(key == p or key.startswith(p if p.endswith(".") else p + ".") for p in patterns)
+
+
+def run_changes(old: dict, new: Config) -> list[tuple[str, Any, Any]]:
+    """(key, old, new) for every run-defining key that differs between a checkpoint's
+    ``config.yaml`` (``old``, a plain dict) and ``new``. ``train.max_steps`` only counts when
+    the schedule has a horizon (linear or cosine)."""
+    # A key the old config lacks (written before the key existed) had its default then.
+    before, after = {**flatten(Config().to_dict()), **flatten(old)}, flatten(new.to_dict())
+    changed = []
+    for key in sorted(before.keys() | after.keys()):
+        a, b = before.get(key), after.get(key)
+        if a == b or not _matches(key, RUN_DEFINING):
+            continue
+        if key == "train.max_steps" and new.optim.schedule == "constant" and before.get("optim.schedule") == "constant":
+            continue
+        changed.append((key, a, b))
+    return changed
+
+
+def refused_changes(changes: list[tuple[str, Any, Any]], allowed: list[str]) -> list[tuple[str, Any, Any]]:
+    return [c for c in changes if not _matches(c[0], allowed)]
+
+
+def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
+    """Compare the run-defining keys of ``cfg`` with the config ``step_dir`` was trained with.
+
+    A change stops the run (the checkpoint would continue under settings it was not trained
+    with) unless ``train.allow_config_changes`` names it; then it joins the history recorded
+    in later manifests. Nothing in the output folder is touched before this check.
+    """
+    paths = StepPaths(step_dir)
+    old = paths.read_config()
+    if old is None:
+        raise UserError(f"{paths.config_yaml} cannot be read; resume from another step (checkpoint.load_step=N) "
+                        "or use a new output_dir")
+    history = list((paths.read_manifest() or {}).get("config_changes", []))
+    changes = run_changes(old, cfg)
+    refused = refused_changes(changes, cfg.train.allow_config_changes)
+    if refused:
+        what = "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in refused)
+        keys = ",".join(k for k, _, _ in refused)
+        raise UserError(f"{cfg.output_dir} holds a run trained with other settings ({step_dir.name}): {what}. "
+                        f"Use a new output_dir, or continue this run with the change: "
+                        f"train.allow_config_changes=[{keys}] (recorded in the checkpoint manifests)")
+    if not changes:
+        return history
+    log.warning("resuming with changed settings (train.allow_config_changes): %s",
+                "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in changes))
+    return history + [{"at_step": step_number(step_dir),
+                       "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]}]
+
+
+def check_layout(step_dir: Path, layout: Layout) -> None:
+    """A resume may change the number of ranks, not the micro-batches of one optimizer step
+    (world x grad_accum): the data position counts steps of the same epoch plan."""
+    paths = StepPaths(step_dir)
+    world = (paths.read_manifest() or {}).get("world_size")
+    accum = ((paths.read_config() or {}).get("train") or {}).get("grad_accum")
+    if not isinstance(world, int) or not isinstance(accum, int) or world * accum == layout.per_step:
+        return
+    per_step = world * accum
+    fix = (f"set train.grad_accum={per_step // layout.world}" if per_step % layout.world == 0
+           else f"run on a number of ranks that divides {per_step}")
+    raise UserError(f"{step_dir.name} was trained with {world} rank(s) x train.grad_accum {accum} = {per_step} "
+                    f"micro-batches per step; this run has {layout.world} x {layout.grad_accum} = {layout.per_step}. "
+                    f"To resume on {layout.world} rank(s), {fix}, so every step sees the same data")
+
+
+def _short(v) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_data_changes(step_dir: Path, data_cfg) -> list[dict]:
+    """Compare the rollout files now with the data manifest saved in ``step_dir``.
+
+    Changed files stop the run (a resume would silently train on other data) unless
+    ``data.allow_changes``; then the change joins the history recorded in later manifests.
+    """
+    manifest = json.loads(StepPaths(step_dir).manifest.read_text()).get("data", {})
+    history = list(manifest.get("changes", []))
+    before = {f["path"]: f for f in manifest.get("files", [])}
+    now = {f["path"]: f for f in file_manifest(source_files(data_cfg.all_sources()))}
+    added = sorted(now.keys() - before.keys())
+    removed = sorted(before.keys() - now.keys())
+    modified = sorted(p for p in now.keys() & before.keys() if _file_changed(before[p], now[p]))
+    if not (added or removed or modified):
+        return history
+    parts = [f"{len(v)} {k} ({', '.join(Path(p).name for p in v[:3])}{', ...' if len(v) > 3 else ''})"
+             for k, v in (("added", added), ("removed", removed), ("modified", modified)) if v]
+    what = f"the rollout files changed since {step_dir.name} was saved: {'; '.join(parts)}"
+    if not data_cfg.allow_changes:
+        raise UserError(f"{what}. Restore them, use a new output_dir, or set data.allow_changes=true to continue "
+                        "on the new data (the change is recorded in the checkpoint manifests)")
+    log.warning("%s; continuing on the new data (data.allow_changes=true)", what)
+    return history + [{"at_step": step_number(step_dir), "added": added, "removed": removed,
+                       "modified": modified}]
+
+
+def _file_changed(before: dict, now: dict) -> bool:
+    """Size, mtime (when both recorded) or content fingerprint differ. Manifests from before
+    sampled fingerprints hold a footer-only one: compare like with like."""
+    from rollouts.paths import legacy_fingerprint
+
+    if before["size"] != now["size"]:
+        return True
+    if before.get("mtime_ns") is not None and before["mtime_ns"] != now.get("mtime_ns"):
+        return True
+    old = before["fingerprint"]
+    return old != (now["fingerprint"] if old.startswith("v2:") else legacy_fingerprint(now["path"]))
