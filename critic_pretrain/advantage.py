@@ -44,7 +44,8 @@ import pyarrow.compute as pc
 import torch
 
 from .metrics import N_SUMS, token_terms
-from .targets import PolicyRows, compute_gae
+from .packed import PackedBatch
+from .targets import compute_gae
 
 LAMS = (0.0, 0.95, 1.0)
 WHERE = ("first", "all")
@@ -120,21 +121,21 @@ def pair_terms(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tenso
     return torch.stack([w.sum(), x.sum(), y.sum(), x.square().sum(), y.square().sum(), (x * y).sum()])
 
 
-def batch_sums(values: torch.Tensor, batch: dict, row_stats: torch.Tensor, gamma: float, *, grouped: bool,
+def batch_sums(values: torch.Tensor, batch: PackedBatch, row_stats: torch.Tensor, gamma: float, *, grouped: bool,
                cold_values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """([N_ROWS, 6] pair sums, [N_EV, 6] group-mean EV sums) of one packed micro-batch.
 
     ``values`` / ``cold_values``: [1, N] predictions; ``row_stats``: ``GroupStats.tensor``
-    of the micro-batch's rows. GAE runs on the policy rows (``targets.PolicyRows``): one
+    of the micro-batch's rows. GAE runs on the policy rows (``batch.policy_rows()``): one
     ``targets.compute_gae`` call per lambda with every estimator's rows stacked.
     """
     dev = values.device
-    pr = PolicyRows.of(batch, dev)
+    pr = batch.policy_rows()
     mask = pr.mask                                                    # [k, W]
     k, width = mask.shape
-    rewards = pr.rows(batch["rewards"])
-    pos = batch["position_ids"][0]
-    policy = batch["weights"][0] > 0
+    rewards = pr.rows(batch.rewards)
+    pos = batch.position_ids[0]
+    policy = batch.weights[0] > 0
     starts_turn = policy & ((pos == 0) | ~torch.nn.functional.pad(policy[:-1], (1, 0)))   # [N]
     first = pr.rows(starts_turn) > 0                                  # [k, W] turn-first tokens
     outcome, group_mean, loo = row_stats.unbind(1)                    # [k] each
@@ -147,10 +148,10 @@ def batch_sums(values: torch.Tensor, batch: dict, row_stats: torch.Tensor, gamma
     if cold_values is not None:
         estimates["cold"] = pr.rows(cold_values)
     oracle = None
-    if "oracle" in batch:
-        finite = torch.isfinite(batch["oracle"][0]).float()
+    if batch.oracle is not None:
+        finite = torch.isfinite(batch.oracle[0]).float()
         known = torch.zeros(k, device=dev).index_add_(0, pr.seg, 1 - finite[pr.index]) == 0   # [k]
-        oracle = pr.rows(batch["oracle"].nan_to_num())
+        oracle = pr.rows(batch.oracle.nan_to_num())
         estimates["oracle_values"] = oracle
         measured = measured & known
 
@@ -161,15 +162,15 @@ def batch_sums(values: torch.Tensor, batch: dict, row_stats: torch.Tensor, gamma
             if name in estimates:
                 pair[turn_index(name)] = turn_change_sums(estimates[name], *turns, target, measured)
     seg = pr.token_seg                                                # [N] rollout of each token
-    w = batch["weights"] * measured[seg][None]
-    oracle_packed = batch["oracle"].nan_to_num() if oracle is not None else None
+    w = batch.weights * measured[seg][None]
+    oracle_packed = batch.oracle.nan_to_num() if oracle is not None else None
     if grouped:  # explained variance of the targets (and true values) by the leave-one-out group mean
-        ev[0] = token_terms(baseline[seg][None], batch["targets"], w).reshape(-1, N_SUMS).sum(0)
+        ev[0] = token_terms(baseline[seg][None], batch.targets, w).reshape(-1, N_SUMS).sum(0)
         if oracle is not None:
             ev[1] = token_terms(baseline[seg][None], oracle_packed, w).reshape(-1, N_SUMS).sum(0)
     if oracle is None:
         return pair, ev
-    ev[2] = token_terms(oracle_packed, batch["targets"], w).reshape(-1, N_SUMS).sum(0)   # the EV ceiling
+    ev[2] = token_terms(oracle_packed, batch.targets, w).reshape(-1, N_SUMS).sum(0)   # the EV ceiling
     grpo = (outcome - group_mean).nan_to_num()[:, None].expand(k, width)
     at = torch.stack([first, mask]) & measured[None, :, None]        # [2, k, W] (WHERE order)
     for (e, lam), sums in advantage_sums(estimates, oracle, grpo, rewards, mask, at, gamma).items():

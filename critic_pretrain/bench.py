@@ -178,7 +178,7 @@ def run_ours(model, store, indices, lengths, max_tokens: int, steps: int, warmup
     from accelerate import Accelerator
 
     from critic_pretrain.config import Config, DataConfig
-    from critic_pretrain.data import Layout, loader, plan_epoch, to_device
+    from critic_pretrain.data import Layout, loader, plan_epoch
     from critic_pretrain.optim import build_optimizer
     from critic_pretrain.train import train_step
 
@@ -193,9 +193,9 @@ def run_ours(model, store, indices, lengths, max_tokens: int, steps: int, warmup
     it = loader(store, plan, max_tokens, num_workers=num_workers, pin_memory=device.type == "cuda")
 
     def step(mb):
-        mb = to_device(mb, device)
+        mb = mb.to(device)
         train_step(model, opt, sched, [mb], accelerator, cfg)
-        lens = mb["seq_lens"].tolist()
+        lens = mb.seq_lens.tolist()
         return sum(lens), sum(lens), float(sum(n * n for n in lens))
 
     return _timed("ours", steps, warmup, device, it, lambda b: b, step)

@@ -52,10 +52,11 @@ from rollouts import fileio
 
 from . import advantage, preflight
 from . import checkpoint as ckpt
-from .data import Layout, RolloutStore, loader, pack, to_device
+from .data import Layout, RolloutStore, loader, pack
 from .errors import UserError
 from .metrics import N_SUMS, summarize, token_terms
 from .model import token_values
+from .packed import PackedBatch
 
 log = logging.getLogger(__name__)
 
@@ -148,15 +149,15 @@ def token_sums(values: torch.Tensor, targets: torch.Tensor, weights: torch.Tenso
     return token_terms(values[0], targets[0], weights[0])
 
 
-def batch_sums(values: torch.Tensor, batch: dict, edges: torch.Tensor) -> torch.Tensor:
+def batch_sums(values: torch.Tensor, batch: PackedBatch, edges: torch.Tensor) -> torch.Tensor:
     """[2, groups, 6] sums of one packed micro-batch: against targets, and against the oracle
     (zeros without one). Adds across micro-batches and ranks."""
-    groups = group_index(values, batch["weights"], batch["position_ids"], len(batch["seq_lens"]), edges)
+    groups = group_index(values, batch.weights, batch.position_ids, len(batch.seq_lens), edges)
     out = torch.zeros(2, n_groups(len(edges) - 1), N_SUMS, dtype=torch.float64, device=values.device)
-    kinds = [(AGAINST_TARGET, batch["targets"], batch["weights"])]
-    if "oracle" in batch:
-        oracle = batch["oracle"]
-        kinds.append((AGAINST_ORACLE, torch.nan_to_num(oracle), batch["weights"] * torch.isfinite(oracle)))
+    kinds = [(AGAINST_TARGET, batch.targets, batch.weights)]
+    if batch.oracle is not None:
+        oracle = batch.oracle
+        kinds.append((AGAINST_ORACLE, torch.nan_to_num(oracle), batch.weights * torch.isfinite(oracle)))
     flat = groups.reshape(-1)
     for kind, target, weights in kinds:
         per_token = token_sums(values, target, weights)                  # [N, 6]
@@ -320,11 +321,11 @@ def evaluate_detailed(model: torch.nn.Module, store: RolloutStore, indices: np.n
     pair = torch.zeros(advantage.N_ROWS, N_SUMS, dtype=torch.float64, device=device)
     ev = torch.zeros(advantage.N_EV, N_SUMS, dtype=torch.float64, device=device)
     for i, (rows, mb) in enumerate(zip(mine, loader(store, mine, max_length, extra=True))):
-        mb = to_device(mb, device)
-        values = token_values(model, mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])
+        mb = mb.to(device)
+        values = token_values(model, mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)
         cold_values = None
         if cold_model is not None and i < real and i % cold_every == 0:  # single-process `eval` only
-            cold_values = token_values(cold_model, mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])
+            cold_values = token_values(cold_model, mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)
         if i < real:
             sums += batch_sums(values, mb, edges)
             p, e = advantage.batch_sums(values, mb, groups.tensor(rows, device), gamma, grouped=groups.grouped,

@@ -37,11 +37,14 @@ Targets are constants for the critic loss, so the public functions run under ``t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .packed import PackedBatch
 
 __all__ = [
     "RewardTransform",
@@ -49,7 +52,6 @@ __all__ = [
     "compute_gae",
     "compute_returns",
     "length_adaptive_lambda",
-    "PolicyRows",
     "bootstrapped_returns",
     "place_outcome_rewards",
     "token_level_rewards",
@@ -286,59 +288,15 @@ def token_level_rewards(reward: Tensor | None, token_rewards: Tensor | None, mas
     return rewards
 
 
-@dataclass
-class PolicyRows:
-    """The policy tokens of a packed micro-batch as left-aligned rows [k, W] (W = most policy
-    tokens in a rollout). GAE's carry-forward masking skips every other token, so working on
-    these rows is exact and touches only the policy tokens."""
-
-    seg: torch.Tensor
-    """[P] rollout of each policy token."""
-    rank: torch.Tensor
-    """[P] its column: index among its rollout's policy tokens."""
-    index: torch.Tensor
-    """[P] its position in the packed row."""
-    mask: torch.Tensor
-    """[k, W] bool: the column holds a policy token."""
-    token_seg: torch.Tensor
-    """[N] rollout of every token of the packed row."""
-
-    @classmethod
-    def of(cls, batch: dict, device: torch.device) -> "PolicyRows":
-        lens = batch["seq_lens"]                                      # host [k]
-        k, n = len(lens), batch["weights"].shape[1]
-        policy = batch["weights"][0] > 0                              # [N]
-        seg = torch.repeat_interleave(torch.arange(k, device=device), lens.to(device), output_size=n)
-        counts = torch.zeros(k, dtype=torch.long, device=device).index_add_(0, seg, policy.long())
-        index = policy.nonzero().squeeze(1)                           # host sync (its size)
-        seg_p = seg[index]
-        rank = (policy.long().cumsum(0) - 1)[index] - (counts.cumsum(0) - counts)[seg_p]
-        width = int(counts.max()) if k else 0                         # host sync
-        mask = torch.arange(width, device=device)[None, :] < counts[:, None]
-        return cls(seg_p, rank, index, mask, seg)
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Packed [1, N] (or [N]) -> [k, W] float32, zeros past each rollout's policy tokens."""
-        out = torch.zeros(self.mask.shape, dtype=torch.float32, device=self.mask.device)
-        out[self.seg, self.rank] = x.reshape(-1)[self.index].float()
-        return out
-
-    def packed(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        """Inverse of ``rows``: [k, W] -> packed [1, N] float32, 0 off policy tokens."""
-        out = torch.zeros(n, dtype=torch.float32, device=x.device)
-        out[self.index] = x[self.seg, self.rank].float()
-        return out[None]
-
-
 @torch.no_grad()
-def bootstrapped_returns(values: Tensor, batch: dict, *, gamma: float, lam: float) -> Tensor:
+def bootstrapped_returns(values: Tensor, batch: "PackedBatch", *, gamma: float, lam: float) -> Tensor:
     """TD(lambda) targets of a packed micro-batch from the critic's own (detached) values:
     GAE returns ``A_t + V_t`` with ``V`` the current predictions (``targets.values_from:
     critic``, semi-gradient TD(lambda), as PPO's critic update bootstraps from the values of
-    the rollout's critic). ``values`` / ``batch["rewards"]``: [1, N]; returns [1, N] float32,
+    the rollout's critic). ``values`` / ``batch.rewards``: [1, N]; returns [1, N] float32,
     0 off policy tokens. Costs one GAE over the policy rows; no extra forward."""
-    rows = PolicyRows.of(batch, values.device)
-    returns = compute_returns(rows.rows(batch["rewards"]), rows.mask, gamma=gamma, lam=lam,
+    rows = batch.policy_rows()
+    returns = compute_returns(rows.rows(batch.rewards), rows.mask, gamma=gamma, lam=lam,
                               values=rows.rows(values.detach()))                  # [k, W]
     return rows.packed(returns, values.shape[1])
 

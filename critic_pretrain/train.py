@@ -39,7 +39,6 @@ from critic_pretrain.data import (
     loader,
     plan_epoch,
     step_batches,
-    to_device,
 )
 from critic_pretrain.errors import UserError, first_line
 from critic_pretrain.evaluate import evaluate
@@ -55,6 +54,7 @@ from critic_pretrain.model import (
     token_values,
 )
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
+from critic_pretrain.packed import PackedBatch
 from critic_pretrain.targets import bootstrapped_returns
 from rollouts import fileio
 from rollouts.tokenizer import fingerprint
@@ -315,7 +315,7 @@ def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: La
     return TrainState(**state["progress"])
 
 
-def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerator, cfg: Config):
+def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], accelerator, cfg: Config):
     """One optimizer step over this rank's micro-batches; returns (loss sums [6], grad norm,
     valid tokens of the step on all ranks), all on the device.
 
@@ -325,7 +325,7 @@ def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerat
     gradients over ranks, hence the ``* world`` factor.
     """
     device = accelerator.device
-    local_valid = sum(mb["valid_tokens"] for mb in micro_batches)
+    local_valid = sum(mb.valid_tokens for mb in micro_batches)
     # One collective per step; the count stays on the device (no host sync).
     global_valid = accelerator.reduce(torch.tensor(float(local_valid), device=device), "sum")
     scale = accelerator.num_processes / global_valid.clamp_min(1.0)
@@ -333,13 +333,13 @@ def train_step(model, optimizer, scheduler, micro_batches: list[dict], accelerat
     for i, mb in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):  # all-reduce grads once
-            values = token_values(model, mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])  # [1, N]
-            targets = mb["targets"]
+            values = token_values(model, mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)  # [1, N]
+            targets = mb.targets
             if cfg.targets.values_from == "critic":  # TD(lambda) from its own values (2 host syncs)
                 targets = bootstrapped_returns(values, mb, gamma=cfg.targets.gamma, lam=cfg.targets.lam)
-            sq_err = mb["weights"] * (values - targets).square()                                        # [1, N]
+            sq_err = mb.weights * (values - targets).square()                                        # [1, N]
             accelerator.backward(sq_err.sum() * scale)
-        sums += value_sums(values, targets, mb["weights"])
+        sums += value_sums(values, targets, mb.weights)
     frozen = scheduler.last_epoch < cfg.train.freeze_backbone_steps
     head_lr_ratio = cfg.optim.head_lr / cfg.optim.lr if cfg.optim.head_lr is not None else 1.0
     if frozen:  # head-only warm-up: AdamW skips parameters without a gradient
@@ -373,15 +373,15 @@ class Window:
         self.faults = torch.zeros(2, dtype=torch.float64, device=dev)
         self.since = run.prog.step  # the last step checked
 
-    def add(self, sums: torch.Tensor, micro: list[dict], grad_norm: torch.Tensor, valid: torch.Tensor) -> None:
+    def add(self, sums: torch.Tensor, micro: list[PackedBatch], grad_norm: torch.Tensor, valid: torch.Tensor) -> None:
         self.sums += sums
         # FSDP2's norm is a DTensor: its local part is enough (check() sums the flags over ranks)
         norm = grad_norm.to_local() if hasattr(grad_norm, "to_local") else grad_norm
         self.faults += torch.stack([(valid == 0).double(), (~torch.isfinite(sums).all()
                                                             | ~torch.isfinite(norm)).double()])
-        self.tokens += sum(int(m["seq_lens"].sum()) for m in micro)
-        self.rows += sum(m["num_rows"] for m in micro)
-        self.valid += sum(m["valid_tokens"] for m in micro)
+        self.tokens += sum(int(m.seq_lens.sum()) for m in micro)
+        self.rows += sum(m.num_rows for m in micro)
+        self.valid += sum(m.valid_tokens for m in micro)
 
     def flush_counts(self) -> None:
         """Fold every rank's consumed rollouts and valid tokens into the global progress."""
@@ -440,7 +440,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
         batches = loader(run.data.train, mine, run.data.max_length, num_workers=num_workers,
                          pin_memory=torch.cuda.is_available(), extra=cfg.targets.values_from == "critic")
         while prog.step_in_epoch < steps_in_epoch and prog.step < cfg.train.max_steps:
-            micro = [to_device(next(batches), acc.device) for _ in range(layout.grad_accum)]
+            micro = [next(batches).to(acc.device) for _ in range(layout.grad_accum)]
             sums, grad_norm, valid = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg)
             window.add(sums, micro, grad_norm, valid)
             prog.step += 1

@@ -147,9 +147,9 @@ def test_overlong_truncate_or_skip(rows_dir, tmp_path):
     assert len(kept) == int((store.lengths <= cut).sum())
     row = int(np.argmax(store.lengths))
     mb = collate_packed(store, np.array([row]), cut)
-    assert mb["input_ids"].shape == (1, cut)
+    assert mb.input_ids.shape == (1, cut)
     full = store.table.column("returns")[row].as_py()
-    assert mb["targets"][0].tolist() == pytest.approx(full[:cut])  # targets keep the whole rollout's reward
+    assert mb.targets[0].tolist() == pytest.approx(full[:cut])  # targets keep the whole rollout's reward
 
 
 def test_collate_packed(rows_dir, tmp_path):
@@ -158,16 +158,16 @@ def test_collate_packed(rows_dir, tmp_path):
     picked = np.array([0, 5, 2])
     mb = collate_packed(store, picked, 10_000, extra=True)
     lens = store.lengths[picked]
-    assert mb["seq_lens"].tolist() == lens.tolist() and mb["num_rows"] == 3
+    assert mb.seq_lens.tolist() == lens.tolist() and mb.num_rows == 3
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    assert mb["position_ids"][0, starts].tolist() == [0, 0, 0]
-    assert mb["position_ids"][0, starts[1] - 1].item() == lens[0] - 1
+    assert mb.position_ids[0, starts].tolist() == [0, 0, 0]
+    assert mb.position_ids[0, starts[1] - 1].item() == lens[0] - 1
     ids = np.concatenate([store.table.column("input_ids")[int(i)].as_py() for i in picked])
-    assert mb["input_ids"][0].tolist() == ids.tolist()
+    assert mb.input_ids[0].tolist() == ids.tolist()
     masks = np.concatenate([store.table.column("loss_mask")[int(i)].as_py() for i in picked])
-    assert mb["weights"][0].tolist() == masks.astype(np.float32).tolist()
-    assert mb["valid_tokens"] == int(masks.sum())
-    assert "oracle" not in mb  # toy rows carry no oracle values
+    assert mb.weights[0].tolist() == masks.astype(np.float32).tolist()
+    assert mb.valid_tokens == int(masks.sum())
+    assert mb.oracle is None  # toy rows carry no oracle values
 
 
 def test_loss_normalisation_is_independent_of_micro_batching(rows_dir, tmp_path):
@@ -292,7 +292,7 @@ def test_recency_half_life_weights_rollouts_by_policy_age(tmp_path):
     assert (info["newest"], info["oldest"], info["without_version"]) == (3, 0, 1)
     np.testing.assert_allclose(store.row_scale, [1, 0.5 ** 0.5, 0.5, 0.5 ** 1.5, 1, 1, 0.5, 0.5 ** 1.5], rtol=1e-6)
     batch = collate_packed(store, np.arange(8), 4096)
-    per_row = np.split(batch["weights"][0].numpy(), np.cumsum(batch["seq_lens"].numpy())[:-1])
+    per_row = np.split(batch.weights[0].numpy(), np.cumsum(batch.seq_lens.numpy())[:-1])
     for i, w in enumerate(per_row):
         mask = np.array(rows[i]["loss_mask"], np.float32)
         np.testing.assert_allclose(w, mask * store.row_scale[i], rtol=1e-6)
@@ -316,9 +316,9 @@ def test_a_rollout_cut_at_max_length_keeps_its_return_for_bootstrapping(rows_dir
     full = collate_packed(store, np.array([row]), 10_000, extra=True)
     short = collate_packed(store, np.array([row]), cut, extra=True)
     returns = store.table.column("returns")[row].as_py()
-    assert short["rewards"][0, last].item() == pytest.approx(returns[last])
-    zeros = torch.zeros_like(short["targets"])
+    assert short.rewards[0, last].item() == pytest.approx(returns[last])
+    zeros = torch.zeros_like(short.targets)
     # With zero values and lambda 1 the TD targets are the Monte-Carlo returns of the whole rollout.
     td = bootstrapped_returns(zeros, short, gamma=0.9, lam=1.0)
     torch.testing.assert_close(td[0, :cut][torch.from_numpy(mask) == 1],
-                               full["targets"][0, :cut][torch.from_numpy(mask) == 1], rtol=1e-5, atol=1e-6)
+                               full.targets[0, :cut][torch.from_numpy(mask) == 1], rtol=1e-5, atol=1e-6)

@@ -26,6 +26,7 @@ from critic_pretrain.evaluate import (
     token_buckets,
 )
 from critic_pretrain.metrics import read_metrics, value_sums
+from critic_pretrain.packed import PackedBatch
 
 TINY_RUN_STEPS = 8
 
@@ -50,21 +51,22 @@ def run_dir(tmp_path_factory, toy_data) -> Path:
 
 
 def packed(masks: list[list[int]], targets: list[float] | None = None, values: list[float] | None = None,
-           oracle: list[float] | None = None) -> tuple[dict, torch.Tensor]:
+           oracle: list[float] | None = None) -> tuple[PackedBatch, torch.Tensor]:
     """A hand-built packed micro-batch (one row, rollouts given by their loss masks) and values."""
     flat = [m for mask in masks for m in mask]
     n = len(flat)
-    batch = {"position_ids": torch.cat([torch.arange(len(m)) for m in masks])[None],
-             "weights": torch.tensor(flat, dtype=torch.float32)[None],
-             "targets": torch.tensor(targets if targets is not None else [0.0] * n)[None],
-             "seq_lens": torch.tensor([len(m) for m in masks], dtype=torch.int32)}
-    if oracle is not None:
-        batch["oracle"] = torch.tensor(oracle)[None]
+    batch = PackedBatch(input_ids=torch.zeros(1, n, dtype=torch.long),
+                        position_ids=torch.cat([torch.arange(len(m)) for m in masks])[None],
+                        targets=torch.tensor(targets if targets is not None else [0.0] * n)[None],
+                        weights=torch.tensor(flat, dtype=torch.float32)[None],
+                        seq_lens=torch.tensor([len(m) for m in masks], dtype=torch.int32),
+                        valid_tokens=int(sum(flat)), num_rows=len(masks),
+                        oracle=torch.tensor(oracle)[None] if oracle is not None else None)
     return batch, torch.tensor(values if values is not None else [0.0] * n)[None]
 
 
-def metrics_of(batch: dict, values: torch.Tensor, grid=CalibrationGrid(0.0, 1.0, cells=10)):
-    return finish(batch_sums(values, batch, grid.edges()), grid, has_oracle="oracle" in batch)
+def metrics_of(batch: PackedBatch, values: torch.Tensor, grid=CalibrationGrid(0.0, 1.0, cells=10)):
+    return finish(batch_sums(values, batch, grid.edges()), grid, has_oracle=batch.oracle is not None)
 
 
 def test_loss_and_explained_variance_hand_computed():
@@ -91,11 +93,11 @@ def test_group_sums_add_up_to_value_sums():
     n = sum(map(len, masks))
     batch, values = packed(masks, targets=torch.rand(n, generator=g).tolist(),
                            values=torch.rand(n, generator=g).tolist())
-    batch["weights"] = batch["weights"] * 2.0
+    batch.weights = batch.weights * 2.0
     grid = CalibrationGrid(0.2, 0.8, cells=7)
     sums = batch_sums(values, batch, grid.edges())
     assert sums.shape == (2, n_groups(7), 6)
-    expected = value_sums(values, batch["targets"], batch["weights"])
+    expected = value_sums(values, batch.targets, batch.weights)
     torch.testing.assert_close(sums[0, 0], expected)
     for rows in (slice(1, 5), slice(5, 9), slice(9, None)):  # position, turn, calibration cells
         torch.testing.assert_close(sums[0, rows].sum(0), expected)
@@ -109,8 +111,8 @@ def test_position_and_turn_buckets_hand_built():
         [1, 1, 0, 1, 0, 1, 0, 1, 0, 1],   # starts on a policy token: a new turn, not the last one's
     ]
     batch, _ = packed(masks)
-    quartile, turn = token_buckets(batch["weights"], batch["position_ids"], len(masks))
-    policy = batch["weights"][0] > 0
+    quartile, turn = token_buckets(batch.weights, batch.position_ids, len(masks))
+    policy = batch.weights[0] > 0
     # token i of P policy tokens -> quartile floor(4i/P); turns 1, 2, 3, 4+ -> 0..3
     assert quartile[policy].tolist() == [0, 0, 1, 2, 2, 3] + [0, 1, 2, 3] + [0, 0, 1, 2, 2, 3]
     assert turn[policy].tolist() == [0, 0, 0, 0, 1, 1] + [0, 1, 2, 2] + [0, 0, 1, 2, 3, 3]
@@ -120,10 +122,10 @@ def test_bucket_metrics_hand_built():
     """Target = bucket number, prediction 0: each bucket's loss is its number squared."""
     masks = [[0, 1, 1, 1, 1, 0, 1, 0, 1, 0, 1, 1, 1, 1]]  # 10 policy tokens, turns of 4, 1, 1, 4 tokens
     batch, values = packed(masks)
-    quartile, turn = token_buckets(batch["weights"], batch["position_ids"], 1)
-    policy = batch["weights"][0] > 0
+    quartile, turn = token_buckets(batch.weights, batch.position_ids, 1)
+    policy = batch.weights[0] > 0
     for family, buckets, names in (("pos", quartile, POSITION_BUCKETS), ("turn", turn, TURN_BUCKETS)):
-        batch["targets"] = torch.where(policy, buckets + 1.0, 0.0)[None]
+        batch.targets = torch.where(policy, buckets + 1.0, 0.0)[None]
         ev = metrics_of(batch, values)
         for i, name in enumerate(names):
             assert ev.metrics[f"val/loss_{family}_{name}"] == pytest.approx((i + 1) ** 2), (family, name)

@@ -332,8 +332,12 @@ def test_bootstrapped_returns_match_the_per_timestep_loop_per_rollout():
     g = torch.Generator().manual_seed(0)
     flat = torch.tensor([m for mask in masks for m in mask], dtype=torch.float32)
     values, rewards = torch.randn(1, len(flat), generator=g), torch.randn(1, len(flat), generator=g)
-    batch = {"weights": flat[None], "rewards": rewards, "seq_lens": torch.tensor([len(m) for m in masks]),
-             "position_ids": torch.cat([torch.arange(len(m)) for m in masks])[None]}
+    from critic_pretrain.packed import PackedBatch
+    n = len(flat)
+    batch = PackedBatch(input_ids=torch.zeros(1, n, dtype=torch.long),
+                        position_ids=torch.cat([torch.arange(len(m)) for m in masks])[None],
+                        targets=torch.zeros(1, n), weights=flat[None], seq_lens=torch.tensor([len(m) for m in masks]),
+                        valid_tokens=int(flat.sum()), num_rows=len(masks), rewards=rewards)
     got = bootstrapped_returns(values, batch, gamma=0.9, lam=0.8)[0]
     want, start = [], 0
     for m in masks:

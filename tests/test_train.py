@@ -111,8 +111,8 @@ def test_weights_load_strictly_into_fresh_model_and_reproduce_values(straight, t
     store = RolloutStore(straight / "data_cache" / "train")
     mb = collate_packed(store, list(range(8)), 512)
     with torch.no_grad():
-        v_ours = token_values(ours.eval(), mb["input_ids"], mb["position_ids"], seq_lens=mb["seq_lens"])
-        v_fresh = token_values(fresh.eval(), mb["input_ids"], mb["position_ids"])  # transformers' eager masking
+        v_ours = token_values(ours.eval(), mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)
+        v_fresh = token_values(fresh.eval(), mb.input_ids, mb.position_ids)  # transformers' eager masking
     torch.testing.assert_close(v_ours, v_fresh, rtol=1e-5, atol=1e-6)
 
 
@@ -362,16 +362,16 @@ def test_td_lambda_from_the_critic_trains_on_its_own_bootstrapped_targets(toy_da
     torch.manual_seed(0)
     model = build_value_model(cfg.model)
     with torch.no_grad():
-        values = token_values(model, batch["input_ids"], batch["position_ids"], seq_lens=batch["seq_lens"])
+        values = token_values(model, batch.input_ids, batch.position_ids, seq_lens=batch.seq_lens)
     want, start = [], 0
-    for n in batch["seq_lens"].tolist():
+    for n in batch.seq_lens.tolist():
         part = slice(start, start + n)
-        mask = (batch["weights"][:, part] > 0).float()
-        want.append(reference_gae(batch["rewards"][:, part], mask, gamma=0.97, lam=0.8,
+        mask = (batch.weights[:, part] > 0).float()
+        want.append(reference_gae(batch.rewards[:, part], mask, gamma=0.97, lam=0.8,
                                   values=values[:, part])[1][0])
         start += n
     want = torch.cat(want)[None]
-    expected_sq = float((batch["weights"] * (values - want).square()).sum())
+    expected_sq = float((batch.weights * (values - want).square()).sum())
     opt = build_optimizer(model, cfg.optim, torch.device("cpu"))
     sums, _, _ = train_step(model, opt, build_scheduler(opt, cfg.optim, 10), [batch], Accelerator(cpu=True), cfg)
     assert float(sums[1]) == pytest.approx(expected_sq, rel=1e-5)

@@ -23,7 +23,7 @@ epoch plan, sharding), ``collate`` (the packed micro-batch, the loader), ``train
 training run gets). The names below are the package's API.
 """
 
-from .collate import HOST_KEYS, MicroBatches, collate_packed, loader, to_device
+from .collate import MicroBatches, collate_packed, loader
 from .sampling import (
                        Layout,
                        effective_lengths,
@@ -50,8 +50,8 @@ from .store import (
 )
 from .train_data import MIN_POLICY_SHARE, TrainData, build_train_data, with_policy_left
 
-__all__ = ["FILTERS", "HOST_KEYS", "MIN_POLICY_SHARE", "STORE_FILE", "STORE_FORMAT", "STORE_META", "STORE_SCHEMA",
+__all__ = ["FILTERS", "MIN_POLICY_SHARE", "STORE_FILE", "STORE_FORMAT", "STORE_META", "STORE_SCHEMA",
            "Layout", "MicroBatches", "RolloutStore", "StoreStats", "TrainData", "build_train_data",
            "check_bad_fraction", "collate_packed", "effective_lengths", "file_manifest", "loader", "max_length_of",
            "pack", "plan_epoch", "prepare_store", "reward_transform", "source_files", "split_by_group",
-           "step_batches", "to_device", "weighted_rows", "with_policy_left"]
+           "step_batches", "weighted_rows", "with_policy_left"]

@@ -10,22 +10,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from ..packed import PackedBatch
 from .store import RolloutStore
 
 log = logging.getLogger(__name__)
 
 
 
-def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, extra: bool = False) -> dict:
-    """One micro-batch as a single packed row.
-
-    Returns ``input_ids``/``position_ids`` [1, N] int64, ``targets`` [1, N] f32,
-    ``weights`` [1, N] f32 (loss_mask * sample_weight, 0 elsewhere), ``seq_lens`` [k] int32,
-    ``valid_tokens`` (python int: tokens with weight > 0) and, with ``extra``, for
-    evaluation and TD targets: ``rewards`` [1, N] (transformed, placed; a rollout cut at
-    ``max_length`` gets its return from the last kept policy token there), ``outcome`` [k]
-    (each rollout's return) and ``oracle`` / ``old_values`` [1, N] (NaN where unknown).
-    """
+def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, extra: bool = False) -> PackedBatch:
+    """One micro-batch as a single packed row (``packed.PackedBatch``); ``extra`` fills the
+    fields evaluation and TD targets read (rewards, outcome, oracle, old values)."""
     t = store.table.take(pa.array(rows))
     if int(store.lengths[rows].max()) > max_length:
         t = pa.table({name: (pc.list_slice(t.column(name), 0, max_length)
@@ -45,22 +39,18 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
         row_weight = row_weight * store.row_scale[rows]
     weight = np.repeat(row_weight, lens)
     weights = flat("loss_mask", np.float32) * weight
-    batch = {
-        "input_ids": torch.from_numpy(flat("input_ids", np.int64))[None],
-        "position_ids": torch.from_numpy(position_ids)[None],
-        "targets": torch.from_numpy(flat("returns", np.float32))[None],
-        "weights": torch.from_numpy(weights)[None],
-        "seq_lens": torch.from_numpy(lens.astype(np.int32)),
-        "valid_tokens": int((weights > 0).sum()),
-        "num_rows": len(rows),
-    }
+    batch = PackedBatch(input_ids=torch.from_numpy(flat("input_ids", np.int64))[None],
+                        position_ids=torch.from_numpy(position_ids)[None],
+                        targets=torch.from_numpy(flat("returns", np.float32))[None],
+                        weights=torch.from_numpy(weights)[None], seq_lens=torch.from_numpy(lens.astype(np.int32)),
+                        valid_tokens=int((weights > 0).sum()), num_rows=len(rows))
     if extra:
         rewards = flat("rewards", np.float32)
         cut = np.flatnonzero(store.lengths[rows] > lens)  # rollouts truncated at max_length
         if len(cut):
-            _return_at_cut(rewards, batch["targets"][0].numpy(), flat("loss_mask", np.int64), starts[cut], lens[cut])
-        batch["rewards"] = torch.from_numpy(rewards)[None]
-        batch["outcome"] = torch.from_numpy(t.column("outcome").to_numpy(zero_copy_only=False).astype(np.float32))
+            _return_at_cut(rewards, batch.targets[0].numpy(), flat("loss_mask", np.int64), starts[cut], lens[cut])
+        batch.rewards = torch.from_numpy(rewards)[None]
+        batch.outcome = torch.from_numpy(t.column("outcome").to_numpy(zero_copy_only=False).astype(np.float32))
         for key, name in (("oracle", "oracle_values"), ("old_values", "values")):
             col = t.column(name)
             if col.null_count == len(col):
@@ -69,7 +59,7 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
             present = ~col.is_null().to_numpy(zero_copy_only=False)
             where = np.repeat(present, lens)
             vals[where] = pc.list_flatten(col.filter(pa.array(present))).to_numpy(zero_copy_only=False)
-            batch[key] = torch.from_numpy(vals)[None]
+            setattr(batch, key, torch.from_numpy(vals)[None])
     return batch
 
 
@@ -82,15 +72,6 @@ def _return_at_cut(rewards: np.ndarray, targets: np.ndarray, mask: np.ndarray, s
         policy = np.flatnonzero(mask[start:start + n])
         if len(policy):
             rewards[start + policy[-1]] = targets[start + policy[-1]]
-
-
-HOST_KEYS = ("seq_lens",)
-"""Batch entries that stay on the host (rollout boundaries: read by Python, no device sync)."""
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) and k not in HOST_KEYS else v)
-            for k, v in batch.items()}
 
 
 class MicroBatches(torch.utils.data.Dataset):
@@ -107,7 +88,7 @@ class MicroBatches(torch.utils.data.Dataset):
 
 
 def loader(store: RolloutStore, batches: list[np.ndarray], max_length: int, *, num_workers: int = 0,
-           pin_memory: bool = False, extra: bool = False) -> Iterator[dict]:
+           pin_memory: bool = False, extra: bool = False) -> Iterator[PackedBatch]:
     """Iterate packed micro-batches in order; workers prefetch so the device does not wait."""
     ds = MicroBatches(store, batches, max_length, extra)
     return iter(torch.utils.data.DataLoader(
