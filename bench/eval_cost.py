@@ -19,10 +19,9 @@ import numpy as np
 import torch
 import yaml
 
-from critic_pretrain import advantage
 from critic_pretrain.config import DataConfig, ModelConfig, TargetsConfig
 from critic_pretrain.data import Layout, prepare_store
-from critic_pretrain.evaluate import COLD_EVERY, evaluate_detailed
+from critic_pretrain.eval import COLD_EVERY, advantage, evaluate_detailed
 from critic_pretrain.model import build_value_model
 
 

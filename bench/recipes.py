@@ -81,7 +81,7 @@ def train(name: str, overrides: list[str], work: Path) -> tuple[Path, float | No
 
 
 def score(step: Path, data: Path) -> dict:
-    from critic_pretrain.evaluate import evaluate_checkpoint
+    from critic_pretrain.eval import evaluate_checkpoint
 
     report = evaluate_checkpoint(step, [str(data)], cold_every=0)
     m = report["metrics"]

@@ -22,7 +22,7 @@ from rollouts.cli import run_command
 COMMANDS = {
     "train": ("critic_pretrain.train", "train a value model: --config FILE [key=value ...]"),
     "demo": (None, "train the tiny default on the bundled sample rollouts (configs/demo.yaml)"),
-    "eval": ("critic_pretrain.evaluate", "evaluate a checkpoint on any rollouts and write JSON"),
+    "eval": ("critic_pretrain.eval.from_checkpoint", "evaluate a checkpoint on any rollouts and write JSON"),
     "report": ("critic_pretrain.report", "PNG plots and a summary of one or more runs"),
     "export": ("critic_pretrain.interop.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
     "seed": ("critic_pretrain.interop.check", "check a seed before a PPO run loads it: seed check PATH"),

@@ -251,7 +251,7 @@ def summary_markdown(summaries: list[RunSummary]) -> str:
             lines.append(f"- Calibration of {Path(s.calibration['checkpoint']['path']).name} on "
                          f"{s.calibration['data']['split']}: mean |target - prediction| over prediction deciles "
                          f"{_fmt(m.get('eval/calibration_error'))}{oracle}.")
-            from .advantage import summary_markdown as advantage_markdown  # torch: only with an eval
+            from .eval.advantage import summary_markdown as advantage_markdown  # torch: only with an eval
             adv = advantage_markdown(s.calibration, "eval")
             if adv:
                 lines += ["", f"### Advantages of {Path(s.calibration['checkpoint']['path']).name}", "", *adv]
@@ -382,7 +382,7 @@ def fig_tokens_per_s(runs: list[RunData]):
 
 def fig_buckets(runs: list[RunData]):
     """Validation loss by position quartile and by policy turn: first (faint) vs last evaluation."""
-    from .evaluate import POSITION_BUCKETS, TURN_BUCKETS
+    from .eval import POSITION_BUCKETS, TURN_BUCKETS
 
     fig, axes = _figure(2, width=4.2)
     for ax, (short, names, title) in zip(axes, (("pos_", POSITION_BUCKETS, "by position in the response"),
@@ -450,7 +450,7 @@ def run_calibration(run_dir: str | os.PathLike, step: int | None = None, *, comp
     without a validation split (``data.val_fraction=0``, no ``data.val``).
     """
     from .checkpoint import StepPaths, find_checkpoints
-    from .evaluate import default_out, evaluate_checkpoint, write_json
+    from .eval import default_out, evaluate_checkpoint, write_json
 
     found = find_checkpoints(run_dir)
     if not found:

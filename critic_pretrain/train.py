@@ -41,7 +41,7 @@ from critic_pretrain.data import (
     step_batches,
 )
 from critic_pretrain.errors import UserError, first_line
-from critic_pretrain.evaluate import evaluate
+from critic_pretrain.eval import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read_metrics, summarize, value_sums
 from critic_pretrain.model import (
     build_config,

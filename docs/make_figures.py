@@ -65,7 +65,7 @@ def _f(v, digits: int = 3) -> str:
 
 def render(n: dict) -> str:
     """The generated block of docs/warm.md (markers included)."""
-    from critic_pretrain.advantage import LAMS, table_cells
+    from critic_pretrain.eval.advantage import LAMS, table_cells
 
     t = n["config"]["targets"]
     recipe = ("Monte-Carlo targets" if t["lam"] == 1.0 else

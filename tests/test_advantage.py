@@ -1,4 +1,4 @@
-"""Advantage quality (critic_pretrain/advantage.py) against an independent per-rollout computation:
+"""Advantage quality (critic_pretrain/eval/advantage.py) against an independent per-rollout computation:
 unpacked forwards of plain transformers, the per-timestep GAE loop, python group statistics."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import torch
 from conftest import TINY_MODEL, tiny_overrides, train_main
 from reference_gae import reference_gae
 
-from critic_pretrain import advantage
 from critic_pretrain.config import DataConfig, ModelConfig, TargetsConfig
 from critic_pretrain.data import Layout, prepare_store
-from critic_pretrain.evaluate import evaluate_detailed
+from critic_pretrain.eval import advantage, evaluate_detailed
 from critic_pretrain.model import build_value_model
 from rollouts import synth
 
@@ -172,7 +171,7 @@ def test_cold_critic_is_the_step_0_model(synth_file: Path, tmp_path: Path, capsy
     from critic_pretrain import checkpoint as ckpt
     from critic_pretrain import cli
     from critic_pretrain.config import load_config
-    from critic_pretrain.evaluate import checkpoint_model_config, cold_critic
+    from critic_pretrain.eval import checkpoint_model_config, cold_critic
 
     out = tmp_path / "run"
     assert train_main(tiny_overrides(out, synth_file.parent, **{
@@ -201,7 +200,7 @@ def test_cold_critic_is_the_step_0_model(synth_file: Path, tmp_path: Path, capsy
 
 
 def ckpt_model(step: Path, cfg) -> torch.nn.Module:
-    from critic_pretrain.evaluate import load_checkpoint_model
+    from critic_pretrain.eval import load_checkpoint_model
     return load_checkpoint_model(step, cfg, torch.device("cpu"))
 
 

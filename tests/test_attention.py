@@ -104,7 +104,7 @@ def eager_values(folder: Path, rows: list[dict]) -> list[np.ndarray]:
 def test_family_trains_what_ppo_runs(family, toy_data, rows, rows_file, tmp_path, monkeypatch):
     from conftest import train_main
 
-    from critic_pretrain.evaluate import evaluate_checkpoint
+    from critic_pretrain.eval import evaluate_checkpoint
     from critic_pretrain.interop.export import export
 
     over = tiny_overrides(tmp_path / "run", toy_data, **{"train.max_steps": 2, "checkpoint.save_every": 2,

@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_overrides
 
 from critic_pretrain import cli
-from critic_pretrain.evaluate import (
+from critic_pretrain.eval import (
     POSITION_BUCKETS,
     TURN_BUCKETS,
     CalibrationGrid,

@@ -358,7 +358,7 @@ def test_cli_subprocess_exit_code_and_one_line(run, tmp_path):
      "explains 0.200 of the targets' variance, no more than each group's mean return does (0.210)"),
 ])
 def test_quality_rule(seed, capsys, monkeypatch, metrics, ok, words):
-    import critic_pretrain.evaluate as evaluate
+    import critic_pretrain.eval.from_checkpoint as evaluate
 
     calls = []
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda step, rollouts, **kw: calls.append(
@@ -375,7 +375,7 @@ def test_quality_rule(seed, capsys, monkeypatch, metrics, ok, words):
 
 
 def test_quality_without_a_baseline_warns(seed, capsys, monkeypatch):
-    import critic_pretrain.evaluate as evaluate
+    import critic_pretrain.eval.from_checkpoint as evaluate
 
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **kw: {
         "metrics": {"eval/explained_variance": 0.3}, "data": {"rows": 9}})
@@ -390,7 +390,7 @@ def test_quality_on_fresh_rollouts_of_a_shifted_policy(tmp_path, capsys):
     import pyarrow.parquet as pq
     from conftest import TINY_MODEL, train_main
 
-    from critic_pretrain.evaluate import evaluate_checkpoint
+    from critic_pretrain.eval import evaluate_checkpoint
     from rollouts import synth
 
     env = dict(group_size=4, max_length=256, median_length=48)

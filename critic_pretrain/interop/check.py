@@ -144,7 +144,7 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
     the true advantages at turn-first tokens than the group-mean-as-value control. Without:
     its explained variance must beat the leave-one-out group mean's. A stale critic (trained
     on an older policy) that fails this gives PPO worse advantages than no critic at all."""
-    from ..evaluate import evaluate_checkpoint
+    from ..eval.from_checkpoint import evaluate_checkpoint
 
     try:  # evaluate_checkpoint refuses them too; here it is a failed check, not an aborted one
         preflight.check_rollouts_tokenizer(rollouts, (ckpt.StepPaths(step_dir).read_manifest() or {}).get("tokenizer"),

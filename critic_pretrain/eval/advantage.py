@@ -43,9 +43,9 @@ import numpy as np
 import pyarrow.compute as pc
 import torch
 
-from .metrics import N_SUMS, token_terms
-from .packed import PackedBatch
-from .targets import compute_gae
+from ..metrics import N_SUMS, token_terms
+from ..packed import PackedBatch
+from ..targets import compute_gae
 
 LAMS = (0.0, 0.95, 1.0)
 WHERE = ("first", "all")
@@ -269,7 +269,7 @@ def metrics(pair: torch.Tensor, ev: torch.Tensor, prefix: str) -> dict[str, floa
     ``{prefix}/ev_group_mean`` (``oracle_ev_group_mean`` against the true values) and
     ``{prefix}/ev_oracle_values`` (the targets' variance the true values explain: the ceiling
     of ``{prefix}/explained_variance``)."""
-    from .metrics import summarize
+    from ..metrics import summarize
 
     out = {}
     for row in table(pair):

@@ -1,0 +1,268 @@
+"""``critic-pretrain eval``: a checkpoint on its validation split or on any rollouts, as JSON
+(targets built with the checkpoint's own settings, so they match what the critic was trained on)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rollouts import fileio
+
+from .. import checkpoint as ckpt
+from .. import preflight
+from ..data import Layout, RolloutStore
+from ..errors import UserError
+from . import advantage
+from .loop import evaluate_detailed
+
+log = logging.getLogger(__name__)
+
+
+COLD_EVERY = 10
+"""``critic-pretrain eval`` scores the step-0 model on every 10th micro-batch: about 10% more model time."""
+
+
+def checkpoint_model_config(step_dir: Path, cfg, trust_remote_code: bool = False):
+    """(ModelConfig, HF config) of ``step_dir``'s value model, from its own config.json (no
+    backbone download), with the run's head settings and attention. ``trust_remote_code``
+    comes from the caller (the user's command line), never from the checkpoint's config.yaml."""
+    from ..model import build_config
+
+    hf_config = json.loads(ckpt.StepPaths(step_dir).hf_config.read_text())
+    model_cfg = dataclasses.replace(cfg.model, name_or_path=None, config=hf_config, init_from="backbone",
+                                    trust_remote_code=trust_remote_code)
+    return model_cfg, build_config(model_cfg)
+
+
+def load_checkpoint_model(step_dir: Path, cfg, device: torch.device, trust_remote_code: bool = False, *,
+                          configs=None) -> torch.nn.Module:
+    """The value model of ``step_dir``, weights loaded strictly. ``configs``: what
+    ``checkpoint_model_config`` returned, when the caller already has it."""
+    from ..model import build_value_model
+
+    model_cfg, hf_config = configs or checkpoint_model_config(step_dir, cfg, trust_remote_code)
+    model = build_value_model(model_cfg, init_head=False, config=hf_config)
+    ckpt.load_weights(model, step_dir)
+    return model.to(device).eval()
+
+
+def cold_critic(step_dir: Path, cfg, device: torch.device, configs, trust_remote_code: bool = False
+                ) -> tuple[torch.nn.Module | None, str]:
+    """(the run's step-0 model, how it was built) -- the critic PPO would start from without
+    pretraining: the same seed, backbone and head init as ``train.setup``. (None, why) when the
+    backbone is not available here (``model.name_or_path`` moved or is not cached)."""
+    from ..model import build_value_model, set_head_bias_value
+
+    model_cfg, hf_config = configs
+    if cfg.model.name_or_path:
+        model_cfg = dataclasses.replace(cfg.model, trust_remote_code=trust_remote_code)
+    # Training seeds torch (accelerate's set_seed) right before building the model; forking
+    # the RNG keeps this process's own streams untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        try:
+            model = build_value_model(model_cfg, init_head=True, config=hf_config)
+        except UserError as e:
+            return None, f"unavailable: {e}"
+    how = f"seed {cfg.seed}, {'weights of ' + cfg.model.name_or_path if cfg.model.name_or_path else 'random init'}"
+    manifest = ckpt.StepPaths(step_dir).read_manifest() or {}
+    mean_target = manifest.get("data", {}).get("stats", {}).get("mean_target")
+    if cfg.model.bias_init == "mean_target" and cfg.model.init_from == "backbone" and mean_target is not None:
+        set_head_bias_value(model, mean_target)
+        how += f", head bias {mean_target:.4g} (the training data's mean target)"
+    return model.to(device).eval(), how
+
+
+def checked_step_dir(path: str) -> Path:
+    """``path`` as a complete ``step_<n>`` checkpoint folder, or a one-line UserError."""
+
+    step_dir = Path(path)
+    if not step_dir.exists():
+        raise UserError(f"{path}: no such checkpoint folder; pass a step_<n> folder of a critic-pretrain run")
+    if not step_dir.is_dir():
+        raise UserError(f"{path}: not a folder; pass a step_<n> folder of a critic-pretrain run")
+    problem = ckpt.verify(step_dir, content=True)
+    if problem:
+        raise UserError(f"{path}: not a complete critic-pretrain checkpoint ({problem}); "
+                        "pass a step_<n> folder written by `critic-pretrain train`")
+    if not ckpt.StepPaths(step_dir).config_yaml.is_file():
+        raise UserError(f"{path}: has no config.yaml (needed to build targets as in training); "
+                        "pass a step_<n> folder written by `critic-pretrain train`")
+    return step_dir
+
+
+def default_out(step_dir: Path, rollouts: list[str] | None) -> Path:
+    """``<run>/eval/step_<n>-val.json`` (the run's validation split) or ``-<hash>.json``
+    (other rollouts; hash of the specs), next to the run's checkpoints."""
+    tag = "val" if not rollouts else hashlib.sha1("\0".join(rollouts).encode()).hexdigest()[:8]
+    return step_dir.parent / "eval" / f"{step_dir.name}-{tag}.json"
+
+
+def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None, *, token_cap: int | None = None,
+                        batch_tokens: int | None = None, cache_dir: str | Path | None = None,
+                        device: str | torch.device | None = None, trust_remote_code: bool = False,
+                        cold_every: int = COLD_EVERY) -> dict:
+    """Evaluate checkpoint ``step_dir`` and return the JSON-ready report.
+
+    Targets are built with the checkpoint's own ``config.yaml`` (gamma, lambda, reward
+    transform, values_from), so they match what the critic was trained on. ``rollouts``:
+    any rollout specs; None evaluates the run's own validation split (its ``data_cache``
+    is reused when still valid). ``cache_dir``: where other rollouts are prepared (default:
+    a temporary folder, removed afterwards). ``cold_every``: score the step-0 model (``cold``
+    advantage estimator) on every n-th micro-batch; 0 skips it.
+    """
+    from ..config import load_config
+    from ..data import build_train_data, max_length_of, prepare_store
+    from ..model import position_limit
+
+    step_dir = checked_step_dir(str(step_dir))
+    cfg = load_config(ckpt.StepPaths(step_dir).config_yaml)
+    dev = resolve_device(device)
+    configs = checkpoint_model_config(step_dir, cfg, trust_remote_code)
+    hf_config = configs[1]
+    model_limit, vocab_size = position_limit(hf_config), hf_config.vocab_size
+    max_length = max_length_of(cfg.data, model_limit)  # as in training
+    batch_tokens = batch_tokens or cfg.data.max_tokens
+    if batch_tokens < max_length:
+        raise UserError(f"--batch-tokens {batch_tokens} is below the run's max_length {max_length}; "
+                        "a rollout must fit into one micro-batch: raise it")
+    t0 = time.perf_counter()
+    manifest = ckpt.StepPaths(step_dir).read_manifest() or {}
+    with contextlib.ExitStack() as stack:
+        if rollouts:
+            preflight.check_rollouts_tokenizer(list(rollouts), manifest.get("tokenizer"),
+                                               "evaluate on rollouts of the critic's own tokenizer")
+            where = cache_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="critic-eval-"))
+            store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval", vocab_size=vocab_size)
+            indices, split = np.arange(len(store)), "all rows"
+        else:
+            run_cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else step_dir.parent / "data_cache"
+            data = build_train_data(cfg.data, cfg.targets, run_cache, main_first=contextlib.nullcontext,
+                                    progress=False, model_limit=model_limit, vocab_size=vocab_size)
+            store, indices, split = data.val, data.val_idx, "validation split of the run"
+            if len(indices) == 0:
+                raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "
+                                "pass --rollouts PATH to evaluate on other rollouts")
+            preflight.check_split_unchanged(step_dir, manifest, cfg, len(data.train_idx), len(indices),
+                                            fix="pass --rollouts PATH with rollouts it never trained on")
+        model = load_checkpoint_model(step_dir, cfg, dev, configs=configs)
+        cold, cold_how = None, "off (--cold-every 0)"
+        if cold_every and store.has_oracle:
+            cold, cold_how = cold_critic(step_dir, cfg, dev, configs, trust_remote_code)
+        with _autocast(dev, cfg.train.mixed_precision):
+            result = evaluate_detailed(model, store, indices, max_tokens=batch_tokens, max_length=max_length,
+                                       layout=Layout(1, 0, 1), device=dev, token_cap=token_cap, prefix="eval",
+                                       cold_model=cold, cold_every=cold_every or 1)
+        data_summary = _data_summary(store, indices, rollouts, split, max_length)
+    info = ckpt.StepPaths(step_dir).read_training_info() or {}
+    return {
+        "checkpoint": {"path": str(step_dir.resolve()), "step": info.get("total_steps"),
+                       "targets": dataclasses.asdict(cfg.targets)},
+        "data": data_summary,
+        **result.to_json(),
+        "cold_critic": {"built": cold_how, "every": cold_every} if store.has_oracle else None,
+        "device": str(dev), "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+def resolve_device(name: str | torch.device | None) -> torch.device:
+    """``name``, or cuda when available, else cpu; an unusable name is a UserError."""
+    if not name:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name}: not a torch device; use cpu, cuda or cuda:<index>") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available here; use --device cpu")
+    return dev
+
+
+def _autocast(device: torch.device, mixed_precision: str):
+    """Training's numerics: bf16 autocast where training used it (``auto`` on CUDA)."""
+    if device.type == "cuda" and mixed_precision in ("auto", "bf16") and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cuda" and mixed_precision == "fp16":
+        return torch.autocast("cuda", dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def _data_summary(store: RolloutStore, indices: np.ndarray, rollouts: list[str] | None, split: str,
+                  max_length: int) -> dict:
+    """What was evaluated (rows, tokens) and what the prepared store read and left out (its stats)."""
+    files = [f["path"] if isinstance(f, dict) else str(f) for f in store.meta.get("files", [])]
+    return {"rollouts": list(rollouts) if rollouts else None, "files": files, "split": split,
+            "rows": int(len(indices)), "tokens": int(store.lengths[indices].sum()),
+            "longer_than_max_length": int((store.lengths[indices] > max_length).sum()),
+            "has_oracle": store.has_oracle, "store": dataclasses.asdict(store.stats)}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="critic-pretrain eval",
+        description="Evaluate a step_<n> checkpoint on rollouts (default: its run's validation split) and write "
+                    "JSON: metrics, position/turn buckets, calibration deciles, data summary.")
+    p.add_argument("step_dir", metavar="STEP_DIR", help="a step_<n> folder written by critic-pretrain train")
+    p.add_argument("--rollouts", nargs="+", metavar="PATH",
+                   help="rollout files, folders or globs (default: the run's own validation split)")
+    p.add_argument("--out", metavar="FILE.json",
+                   help="where to write the JSON (default: <run>/eval/step_<n>-val.json, or -<hash>.json "
+                        "for --rollouts)")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="evaluate at most about N tokens (default: all)")
+    p.add_argument("--batch-tokens", type=int, metavar="N", help="tokens per micro-batch (default: the run's "
+                   "data.max_tokens)")
+    p.add_argument("--cold-every", type=int, default=COLD_EVERY, metavar="N",
+                   help="score the run's step-0 model (the 'cold' advantage estimator, rollouts with oracle_values "
+                        f"only) on every N-th micro-batch (default {COLD_EVERY}: about 1/{COLD_EVERY} more model "
+                        "time); 1: all of them, 0: off")
+    p.add_argument("--cache-dir", metavar="DIR", help="where --rollouts are prepared (default: a temporary folder)")
+    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow modelling code shipped with the checkpoint's config.json (never taken from the "
+                        "checkpoint's own config.yaml)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for n, flag in ((args.max_tokens, "--max-tokens"), (args.batch_tokens, "--batch-tokens")):
+        if n is not None and n <= 0:
+            raise UserError(f"{flag} {n} must be > 0")
+    if args.cold_every < 0:
+        raise UserError(f"--cold-every {args.cold_every} must be >= 0 (0: off)")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    out = Path(args.out) if args.out else default_out(Path(args.step_dir), args.rollouts)
+    report = evaluate_checkpoint(args.step_dir, args.rollouts, token_cap=args.max_tokens,
+                                 batch_tokens=args.batch_tokens, cache_dir=args.cache_dir, device=args.device,
+                                 trust_remote_code=args.trust_remote_code, cold_every=args.cold_every)
+    write_json(report, out)
+    m = report["metrics"]
+    print("  ".join(f"{k.split('/', 1)[1]}={v:.4g}" for k, v in m.items()
+                    if v is not None and "_pos_" not in k and "_turn_" not in k and "adv_corr" not in k))
+    print(advantage.summary_text(report, 'eval'))
+    print(f"wrote {out}")
+    return 0
+
+
+def write_json(obj: dict, out: Path) -> None:
+    """Write ``obj`` as indented JSON (NaN as null; parents created); an unwritable place is a UserError."""
+    try:
+        fileio.write_json(out, obj)
+    except OSError as e:
+        raise UserError(f"cannot write {out} ({e.strerror}); pass --out FILE.json somewhere writable") from None
+
+
+if __name__ == "__main__":
+    from critic_pretrain.cli import main as cli_main
+    sys.exit(cli_main(["eval", *sys.argv[1:]]))
