@@ -39,7 +39,7 @@ def main() -> None:
         shapes = {"demo": demo["model"]["config"],
                   "4-layer 256": {**demo["model"]["config"], "hidden_size": 256, "intermediate_size": 768,
                                   "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2}}
-        no_adv = mock.patch.object(advantage, "batch_sums", lambda values, *a, **k: (
+        no_adv = mock.patch.object(advantage, "estimator_sums", lambda values, *a, **k: (
             torch.zeros(advantage.N_ROWS, 6, dtype=torch.float64), torch.zeros(advantage.N_EV, 6, dtype=torch.float64)))
 
         print(f"{len(rows)} rollouts, {int(store.lengths[rows].sum())} tokens, {torch.get_num_threads()} threads, "

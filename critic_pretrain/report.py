@@ -210,7 +210,7 @@ VAL_COLUMNS = (("val/loss", "val loss"), ("val/explained_variance", "val EV"), (
                ("val/adv_corr_first_lam0.95", "adv. corr lam 0.95"), ("val/adv_corr_first_lam0", "adv. corr lam 0"))
 
 
-def summary_markdown(summaries: list[RunSummary]) -> str:
+def runs_markdown(summaries: list[RunSummary]) -> str:
     """``report.md``: a comparison table, then a few lines per run."""
     lines = ["# critic-pretrain report", "",
              "| run | steps | best val loss (step) | best val EV (step) | final val loss | final val EV | "
@@ -251,7 +251,7 @@ def summary_markdown(summaries: list[RunSummary]) -> str:
             lines.append(f"- Calibration of {Path(s.calibration['checkpoint']['path']).name} on "
                          f"{s.calibration['data']['split']}: mean |target - prediction| over prediction deciles "
                          f"{_fmt(m.get('eval/calibration_error'))}{oracle}.")
-            from .eval.advantage import summary_markdown as advantage_markdown  # torch: only with an eval
+            from .eval.advantage import advantage_markdown  # torch: only with an eval
             adv = advantage_markdown(s.calibration, "eval")
             if adv:
                 lines += ["", f"### Advantages of {Path(s.calibration['checkpoint']['path']).name}", "", *adv]
@@ -515,7 +515,7 @@ def write_report(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
     extra = {Path(p).stem: read_eval_json(p) for p in eval_jsons}
     calibrations = run_calibrations(runs, evaluate=evaluate)
     figs = figures(runs, calibrations, extra)
-    text = summary_markdown([summarize_run(run, calibrations[run.name]) for run in runs])
+    text = runs_markdown([summarize_run(run, calibrations[run.name]) for run in runs])
     out = Path(out_dir)  # created only now: a refusal above leaves nothing behind
     out.mkdir(parents=True, exist_ok=True)
     written = []

@@ -88,7 +88,7 @@ class Run:
     scheduler: Any
     tokenizer: Any
     resume_dir: Path | None
-    prog: TrainState
+    state: TrainState
     metrics: MetricsLog
     stop_rule: StopRule
     last_val: dict = field(default_factory=dict)
@@ -270,14 +270,14 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
     log.info("parallelism: %s", parallel.describe(accelerator, model))
-    prog = TrainState()
+    state = TrainState()
     if resume_dir is not None:
-        prog = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
-    resume_step = prog.step if resume_dir else None
+        state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
+    resume_step = state.step if resume_dir else None
     stop_rule = StopRule(cfg.train.stop_when)
     metric_names_checked = False
     if resume_dir is not None:
-        stop_rule.replay(out / "metrics.jsonl", prog.step)
+        stop_rule.replay(out / "metrics.jsonl", state.step)
         records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
         logged = {k for rec in records for k in rec if k.startswith("val/")}
         if logged:
@@ -287,7 +287,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
                          mirror=accelerator.log if trackers else None)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
-               prog, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
+               state, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
                tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked,
                rewards_logged=rewards_logged)
 
@@ -306,13 +306,13 @@ def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: La
                         "cannot be resumed exactly; start a new output_dir with model.name_or_path set to an "
                         "`critic-pretrain export --format hf` of it")
     ckpt.load_optimizer(raw, optimizer.optimizer, scheduler, step_dir)
-    state, rng = ckpt.load_resume_state(step_dir, layout.rank)
+    saved, rng = ckpt.load_resume_state(step_dir, layout.rank)
     if rng is not None:
         ckpt.set_rng_state(rng)
     else:
         log.warning("no RNG state for rank %d in %s (the world size changed): the data order continues exactly, "
                     "random streams do not", layout.rank, step_dir)
-    return TrainState(**state["progress"])
+    return TrainState(**saved["progress"])
 
 
 def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], accelerator, cfg: Config):
@@ -371,7 +371,7 @@ class Window:
         self.t, self.tokens, self.rows, self.valid = time.perf_counter(), 0, 0, 0
         # [steps that had no valid token on any rank, steps with a non-finite loss or gradient]
         self.faults = torch.zeros(2, dtype=torch.float64, device=dev)
-        self.since = run.prog.step  # the last step checked
+        self.since = run.state.step  # the last step checked
 
     def add(self, sums: torch.Tensor, micro: list[PackedBatch], grad_norm: torch.Tensor, valid: torch.Tensor) -> None:
         self.sums += sums
@@ -387,8 +387,8 @@ class Window:
         """Fold every rank's consumed rollouts and valid tokens into the global progress."""
         dev = self.run.accelerator.device
         rows, valid = self.run.reduce(torch.tensor([self.rows, self.valid], device=dev)).tolist()
-        self.run.prog.consumed_samples += int(rows)
-        self.run.prog.total_valid_tokens += int(valid)
+        self.run.state.consumed_samples += int(rows)
+        self.run.state.total_valid_tokens += int(valid)
         self.rows = self.valid = 0
 
     def check(self, step: int) -> None:
@@ -420,67 +420,67 @@ class Window:
 
 
 def train_loop(run: Run, preempt: Preemption) -> int:
-    cfg, prog, layout, acc = run.cfg, run.prog, run.layout, run.accelerator
+    cfg, state, layout, acc = run.cfg, run.state, run.layout, run.accelerator
     num_workers = cfg.data.num_workers if cfg.data.num_workers is not None else (2 if torch.cuda.is_available() else 0)
-    if prog.stopped_early and not cfg.train.stop_when.metric:
-        prog.stopped_early = None  # the rule was removed from the config: continue to max_steps
-    if prog.stopped_early:
-        log.info("nothing to do: this run stopped early at step %d (%s)", prog.step, prog.stopped_early)
+    if state.stopped_early and not cfg.train.stop_when.metric:
+        state.stopped_early = None  # the rule was removed from the config: continue to max_steps
+    if state.stopped_early:
+        log.info("nothing to do: this run stopped early at step %d (%s)", state.step, state.stopped_early)
     elif run.resume_dir is None:
         evaluate_and_log(run, 0)
-    bar = progress(acc.is_main_process and cfg.train.progress, prog.step, cfg.train.max_steps,
+    bar = progress(acc.is_main_process and cfg.train.progress, state.step, cfg.train.max_steps,
                    every_s=cfg.train.progress_every_s)
     window = Window(run)
     run.model.train()
-    while prog.step < cfg.train.max_steps and not prog.stopped_early:
-        plan = plan_epoch(*run.data.epoch(cfg.seed, prog.epoch), seed=cfg.seed, epoch=prog.epoch, data=cfg.data,
+    while state.step < cfg.train.max_steps and not state.stopped_early:
+        plan = plan_epoch(*run.data.epoch(cfg.seed, state.epoch), seed=cfg.seed, epoch=state.epoch, data=cfg.data,
                           layout=layout)
         steps_in_epoch = len(plan) // layout.per_step
-        mine = [mb for s in range(prog.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
+        mine = [mb for s in range(state.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
         batches = loader(run.data.train, mine, run.data.max_length, num_workers=num_workers,
-                         pin_memory=torch.cuda.is_available(), extra=cfg.targets.values_from == "critic")
-        while prog.step_in_epoch < steps_in_epoch and prog.step < cfg.train.max_steps:
+                         pin_memory=torch.cuda.is_available(), with_rewards=cfg.targets.values_from == "critic")
+        while state.step_in_epoch < steps_in_epoch and state.step < cfg.train.max_steps:
             micro = [next(batches).to(acc.device) for _ in range(layout.grad_accum)]
             sums, grad_norm, valid = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg)
             window.add(sums, micro, grad_norm, valid)
-            prog.step += 1
-            prog.step_in_epoch += 1
+            state.step += 1
+            state.step_in_epoch += 1
             bar.update(1)
-            faults.hit("in_step", prog.step)  # tests only (faults.py); a no-op otherwise
-            done = prog.step == cfg.train.max_steps
-            logged = prog.step % cfg.train.log_every == 0 or done
+            faults.hit("in_step", state.step)  # tests only (faults.py); a no-op otherwise
+            done = state.step == cfg.train.max_steps
+            logged = state.step % cfg.train.log_every == 0 or done
             if logged:
-                window.check(prog.step)
+                window.check(state.step)
                 window.flush_counts()
-                rec = {"step": prog.step, **window.metrics(), "train/lr": run.scheduler.get_last_lr()[0],
-                       "train/grad_norm": float(grad_norm), "train/epoch": prog.epoch,
-                       "train/consumed_samples": prog.consumed_samples}
+                rec = {"step": state.step, **window.metrics(), "train/lr": run.scheduler.get_last_lr()[0],
+                       "train/grad_norm": float(grad_norm), "train/epoch": state.epoch,
+                       "train/consumed_samples": state.consumed_samples}
                 run.metrics.log(rec)
                 bar.set_postfix(vs=cfg.targets.kinds()[0], loss=f"{rec.get('train/loss', math.nan):.4g}",
                                 ev=f"{rec.get('train/explained_variance', math.nan):.3f}",
                                 tok_s=f"{rec['train/tokens_per_s']:.3g}")
             t_pause = time.perf_counter()  # tokens/s measures training, not evaluation or saving
-            if (cfg.eval.every and prog.step % cfg.eval.every == 0) or done:
-                evaluate_and_log(run, prog.step)
+            if (cfg.eval.every and state.step % cfg.eval.every == 0) or done:
+                evaluate_and_log(run, state.step)
             # Preemption is checked where we sync anyway: each log step (each step on one process).
             stop = _agree(preempt.requested, acc) if (logged or layout.world == 1) else False
-            done = done or prog.stopped_early is not None
-            if done or stop or (cfg.checkpoint.save_every and prog.step % cfg.checkpoint.save_every == 0):
-                window.check(prog.step)
+            done = done or state.stopped_early is not None
+            if done or stop or (cfg.checkpoint.save_every and state.step % cfg.checkpoint.save_every == 0):
+                window.check(state.step)
                 window.flush_counts()
-                save(run, prog.step)
+                save(run, state.step)
             window.t += time.perf_counter() - t_pause
             if stop:
-                log.warning("stopped by a signal: saved step_%d; re-run the same command to resume", prog.step)
+                log.warning("stopped by a signal: saved step_%d; re-run the same command to resume", state.step)
                 run.metrics.close()
                 return preempt.exit_code or EXIT_PREEMPTED  # another rank's signal: this rank got none
-            if prog.stopped_early:
-                log.info("stopping early at step %d: %s", prog.step, prog.stopped_early)
+            if state.stopped_early:
+                log.info("stopping early at step %d: %s", state.step, state.stopped_early)
                 break
-        if prog.stopped_early:
+        if state.stopped_early:
             break
-        if prog.step_in_epoch >= steps_in_epoch:
-            prog.epoch, prog.step_in_epoch = prog.epoch + 1, 0
+        if state.step_in_epoch >= steps_in_epoch:
+            state.epoch, state.step_in_epoch = state.epoch + 1, 0
     bar.close()
     run.metrics.close()
     acc.end_training()
@@ -488,8 +488,8 @@ def train_loop(run: Run, preempt: Preemption) -> int:
         from critic_pretrain.interop.check import check_seed, print_report
         target = "nemo-rl" if cfg.model.head_bias else "openrlhf"  # bias-free heads are for OpenRLHF/TRL
         print()
-        if print_report(check_seed((run.out / f"step_{prog.step}").resolve(), target)) != 0:
-            log.warning("training finished, but step_%d is not a usable %s seed (above)", prog.step, target)
+        if print_report(check_seed((run.out / f"step_{state.step}").resolve(), target)) != 0:
+            log.warning("training finished, but step_%d is not a usable %s seed (above)", state.step, target)
     return 0  # the training result; the seed check above says whether a PPO run can use the seed
 
 
@@ -510,14 +510,14 @@ def evaluate_and_log(run: Run, step: int) -> None:
              "  ".join(f"val/{k}={run.last_val[f'val/{k}']:.4g}" for k in headline if f"val/{k}" in run.last_val))
     reason = run.stop_rule.update(run.last_val)  # same values on every rank: all agree
     if reason and step > 0:
-        run.prog.stopped_early = reason
+        run.state.stopped_early = reason
 
 
 def save(run: Run, step: int) -> None:
     """Write ``step_<step>`` (collective) and apply retention."""
-    cfg, prog, raw = run.cfg, run.prog, run.accelerator.unwrap_model(run.model)
-    info = {"total_steps": step, "current_step": prog.step_in_epoch, "current_epoch": prog.epoch,
-            "consumed_samples": prog.consumed_samples, "total_valid_tokens": prog.total_valid_tokens,
+    cfg, state, raw = run.cfg, run.state, run.accelerator.unwrap_model(run.model)
+    info = {"total_steps": step, "current_step": state.step_in_epoch, "current_epoch": state.epoch,
+            "consumed_samples": state.consumed_samples, "total_valid_tokens": state.total_valid_tokens,
             **{f"val:{k.split('/', 1)[1]}": v for k, v in run.last_val.items()}}
     manifest = {
         "kind": "critic_pretrain.value_checkpoint", "max_steps": cfg.train.max_steps,
@@ -553,14 +553,14 @@ def save(run: Run, step: int) -> None:
 
 
 def _save_checkpoint(run: Run, step: int, raw, info: dict, manifest: dict) -> None:
-    cfg, prog = run.cfg, run.prog
+    cfg, state = run.cfg, run.state
     ckpt.save_checkpoint(
         run.out, step, model=run.model,
         optimizer=run.optimizer.optimizer if cfg.checkpoint.save_optimizer else None, scheduler=run.scheduler,
         hf_config=raw.config, training_info=info, manifest=manifest,
-        scheduler_meta=scheduler_metadata(cfg.optim, cfg.train.max_steps, step, run.scheduler, prog, run.layout,
+        scheduler_meta=scheduler_metadata(cfg.optim, cfg.train.max_steps, step, run.scheduler, state, run.layout,
                                           cfg.data.max_tokens),
-        config_yaml=yaml.safe_dump(cfg.to_dict(), sort_keys=False), resume_state={"progress": vars(prog)},
+        config_yaml=yaml.safe_dump(cfg.to_dict(), sort_keys=False), resume_state={"progress": vars(state)},
         tokenizer=run.tokenizer, is_main=run.accelerator.is_main_process, rank=run.layout.rank,
         barrier=run.accelerator.wait_for_everyone)
 

@@ -156,7 +156,7 @@ def test_collate_packed(rows_dir, tmp_path):
     path, rows = rows_dir
     store = store_for(path, tmp_path)
     picked = np.array([0, 5, 2])
-    mb = collate_packed(store, picked, 10_000, extra=True)
+    mb = collate_packed(store, picked, 10_000, with_rewards=True)
     lens = store.lengths[picked]
     assert mb.seq_lens.tolist() == lens.tolist() and mb.num_rows == 3
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
@@ -313,8 +313,8 @@ def test_a_rollout_cut_at_max_length_keeps_its_return_for_bootstrapping(rows_dir
     cut = int(np.flatnonzero(store.table.column("loss_mask")[row].as_py())[-1])  # drops the outcome's token
     mask = np.array(store.table.column("loss_mask")[row].as_py()[:cut])
     last = int(np.flatnonzero(mask)[-1])
-    full = collate_packed(store, np.array([row]), 10_000, extra=True)
-    short = collate_packed(store, np.array([row]), cut, extra=True)
+    full = collate_packed(store, np.array([row]), 10_000, with_rewards=True)
+    short = collate_packed(store, np.array([row]), cut, with_rewards=True)
     returns = store.table.column("returns")[row].as_py()
     assert short.rewards[0, last].item() == pytest.approx(returns[last])
     zeros = torch.zeros_like(short.targets)

@@ -17,10 +17,10 @@ from critic_pretrain.eval import (
     POSITION_BUCKETS,
     TURN_BUCKETS,
     CalibrationGrid,
-    batch_sums,
     calibration_table,
     eval_batches,
     finish,
+    group_sums,
     merge_cells,
     n_groups,
     token_buckets,
@@ -66,7 +66,7 @@ def packed(masks: list[list[int]], targets: list[float] | None = None, values: l
 
 
 def metrics_of(batch: PackedBatch, values: torch.Tensor, grid=CalibrationGrid(0.0, 1.0, cells=10)):
-    return finish(batch_sums(values, batch, grid.edges()), grid, has_oracle=batch.oracle is not None)
+    return finish(group_sums(values, batch, grid.edges()), grid, has_oracle=batch.oracle is not None)
 
 
 def test_loss_and_explained_variance_hand_computed():
@@ -95,7 +95,7 @@ def test_group_sums_add_up_to_value_sums():
                            values=torch.rand(n, generator=g).tolist())
     batch.weights = batch.weights * 2.0
     grid = CalibrationGrid(0.2, 0.8, cells=7)
-    sums = batch_sums(values, batch, grid.edges())
+    sums = group_sums(values, batch, grid.edges())
     assert sums.shape == (2, n_groups(7), 6)
     expected = value_sums(values, batch.targets, batch.weights)
     torch.testing.assert_close(sums[0, 0], expected)

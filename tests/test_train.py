@@ -358,7 +358,7 @@ def test_td_lambda_from_the_critic_trains_on_its_own_bootstrapped_targets(toy_da
     plain = prepare_store([str(toy_data)], tmp_path / "cache-mc", mc.data, mc.targets)
     assert store.table.column("returns").equals(plain.table.column("returns"))  # validation: Monte-Carlo
 
-    batch = collate_packed(store, np.arange(6), 256, extra=True)
+    batch = collate_packed(store, np.arange(6), 256, with_rewards=True)
     torch.manual_seed(0)
     model = build_value_model(cfg.model)
     with torch.no_grad():

@@ -25,33 +25,33 @@ training run gets). The names below are the package's API.
 
 from .collate import MicroBatches, collate_packed, loader
 from .sampling import (
-                       Layout,
-                       effective_lengths,
-                       max_length_of,
-                       pack,
-                       plan_epoch,
-                       split_by_group,
-                       step_batches,
-                       weighted_rows,
+    Layout,
+    effective_lengths,
+    max_length_of,
+    pack,
+    plan_epoch,
+    split_by_group,
+    step_batches,
+    weighted_rows,
 )
 from .store import (
-                       FILTERS,
-                       STORE_FILE,
-                       STORE_FORMAT,
-                       STORE_META,
-                       STORE_SCHEMA,
-                       RolloutStore,
-                       StoreStats,
-                       check_bad_fraction,
-                       file_manifest,
-                       prepare_store,
-                       reward_transform,
-                       source_files,
+    FILTERS,
+    STORE_FILE,
+    STORE_FORMAT,
+    STORE_META,
+    STORE_SCHEMA,
+    RolloutStore,
+    StoreStats,
+    check_bad_fraction,
+    file_manifest,
+    prepare_store,
+    reward_transform,
+    source_files,
 )
 from .train_data import MIN_POLICY_SHARE, TrainData, build_train_data, with_policy_left
 
 __all__ = ["FILTERS", "MIN_POLICY_SHARE", "STORE_FILE", "STORE_FORMAT", "STORE_META", "STORE_SCHEMA",
-           "Layout", "MicroBatches", "RolloutStore", "StoreStats", "TrainData", "build_train_data",
-           "check_bad_fraction", "collate_packed", "effective_lengths", "file_manifest", "loader", "max_length_of",
-           "pack", "plan_epoch", "prepare_store", "reward_transform", "source_files", "split_by_group",
-           "step_batches", "weighted_rows", "with_policy_left"]
+    "Layout", "MicroBatches", "RolloutStore", "StoreStats", "TrainData", "build_train_data",
+    "check_bad_fraction", "collate_packed", "effective_lengths", "file_manifest", "loader", "max_length_of",
+    "pack", "plan_epoch", "prepare_store", "reward_transform", "source_files", "split_by_group",
+    "step_batches", "weighted_rows", "with_policy_left"]

@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 
 
-def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, extra: bool = False) -> PackedBatch:
-    """One micro-batch as a single packed row (``packed.PackedBatch``); ``extra`` fills the
+def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, with_rewards: bool = False) -> PackedBatch:
+    """One micro-batch as a single packed row (``packed.PackedBatch``); ``with_rewards`` fills the
     fields evaluation and TD targets read (rewards, outcome, oracle, old values)."""
     t = store.table.take(pa.array(rows))
     if int(store.lengths[rows].max()) > max_length:
@@ -44,7 +44,7 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, ex
                         targets=torch.from_numpy(flat("returns", np.float32))[None],
                         weights=torch.from_numpy(weights)[None], seq_lens=torch.from_numpy(lens.astype(np.int32)),
                         valid_tokens=int((weights > 0).sum()), num_rows=len(rows))
-    if extra:
+    if with_rewards:
         rewards = flat("rewards", np.float32)
         cut = np.flatnonzero(store.lengths[rows] > lens)  # rollouts truncated at max_length
         if len(cut):
@@ -77,20 +77,20 @@ def _return_at_cut(rewards: np.ndarray, targets: np.ndarray, mask: np.ndarray, s
 class MicroBatches(torch.utils.data.Dataset):
     """A list of micro-batches (row index arrays) as a map-style dataset of packed batches."""
 
-    def __init__(self, store: RolloutStore, batches: list[np.ndarray], max_length: int, extra: bool = False):
-        self.store, self.batches, self.max_length, self.extra = store, batches, max_length, extra
+    def __init__(self, store: RolloutStore, batches: list[np.ndarray], max_length: int, with_rewards: bool = False):
+        self.store, self.batches, self.max_length, self.with_rewards = store, batches, max_length, with_rewards
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict:
-        return collate_packed(self.store, self.batches[i], self.max_length, extra=self.extra)
+        return collate_packed(self.store, self.batches[i], self.max_length, with_rewards=self.with_rewards)
 
 
 def loader(store: RolloutStore, batches: list[np.ndarray], max_length: int, *, num_workers: int = 0,
-           pin_memory: bool = False, extra: bool = False) -> Iterator[PackedBatch]:
+           pin_memory: bool = False, with_rewards: bool = False) -> Iterator[PackedBatch]:
     """Iterate packed micro-batches in order; workers prefetch so the device does not wait."""
-    ds = MicroBatches(store, batches, max_length, extra)
+    ds = MicroBatches(store, batches, max_length, with_rewards)
     return iter(torch.utils.data.DataLoader(
         ds, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
         prefetch_factor=4 if num_workers else None, persistent_workers=False,

@@ -233,8 +233,8 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
                     _add_reward_range(stats, batch)
                     stats.tokens += int(pc.sum(pc.list_value_length(batch.column("input_ids"))).as_py())
                     stats.policy_tokens += int(pc.sum(pc.list_flatten(batch.column("loss_mask"))).as_py())
-                    out_batch, batch_sums = _with_targets(batch, rows, path, transform, targets, source=i)
-                    sums += batch_sums
+                    out_batch, target_sums = _with_targets(batch, rows, path, transform, targets, source=i)
+                    sums += target_sums
                     writer.write_batch(out_batch)
                     kept += batch.num_rows
             for p in reader.problems:

@@ -121,7 +121,7 @@ def pair_terms(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tenso
     return torch.stack([w.sum(), x.sum(), y.sum(), x.square().sum(), y.square().sum(), (x * y).sum()])
 
 
-def batch_sums(values: torch.Tensor, batch: PackedBatch, row_stats: torch.Tensor, gamma: float, *, grouped: bool,
+def estimator_sums(values: torch.Tensor, batch: PackedBatch, row_stats: torch.Tensor, gamma: float, *, grouped: bool,
                cold_values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """([N_ROWS, 6] pair sums, [N_EV, 6] group-mean EV sums) of one packed micro-batch.
 
@@ -346,7 +346,7 @@ def summary_text(report: dict, prefix: str) -> str:
     return "\n".join(lines + summary_lines(report, prefix))
 
 
-def summary_markdown(report: dict, prefix: str) -> list[str]:
+def advantage_markdown(report: dict, prefix: str) -> list[str]:
     """Markdown lines of the same (a table, then bullets)."""
     lines = []
     cells = table_cells(report.get("advantages") or [])

@@ -143,7 +143,7 @@ def token_sums(values: torch.Tensor, targets: torch.Tensor, weights: torch.Tenso
     return token_terms(values[0], targets[0], weights[0])
 
 
-def batch_sums(values: torch.Tensor, batch: PackedBatch, edges: torch.Tensor) -> torch.Tensor:
+def group_sums(values: torch.Tensor, batch: PackedBatch, edges: torch.Tensor) -> torch.Tensor:
     """[2, groups, 6] sums of one packed micro-batch: against targets, and against the oracle
     (zeros without one). Adds across micro-batches and ranks."""
     groups = group_index(values, batch.weights, batch.position_ids, len(batch.seq_lens), edges)

@@ -15,7 +15,7 @@ from ..metrics import N_SUMS
 from ..model import token_values
 from ..packed import PackedBatch
 from . import advantage
-from .buckets import CalibrationGrid, Evaluation, batch_sums, finish, n_groups
+from .buckets import CalibrationGrid, Evaluation, finish, group_sums, n_groups
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +52,14 @@ def evaluate_detailed(model: torch.nn.Module, store: RolloutStore, indices: np.n
     model.eval()
     grid = CalibrationGrid.for_store(store)
     batches = eval_batches(store, indices, max_tokens, max_length, token_cap)
-    mine = batches[layout.rank::layout.world]
+    rank_batches = batches[layout.rank::layout.world]
     # Every rank runs the same number of forwards (FSDP all-gathers parameters, DDP syncs
     # buffers in forward): ranks with fewer batches repeat one and discard its sums.
-    real = len(mine)
-    mine += batches[:1] * (-(-len(batches) // layout.world) - real)
+    real = len(rank_batches)
+    rank_batches += batches[:1] * (-(-len(batches) // layout.world) - real)
     groups = advantage.GroupStats.of(store, np.concatenate(batches) if batches else np.zeros(0, np.int64))
     sums = EvalSums(grid, groups, gamma=float(store.meta["targets"]["gamma"]), device=device)
-    for i, (rows, mb) in enumerate(zip(mine, loader(store, mine, max_length, extra=True))):
+    for i, (rows, mb) in enumerate(zip(rank_batches, loader(store, rank_batches, max_length, with_rewards=True))):
         mb = mb.to(device)
         values = token_values(model, mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)
         cold_values = None
@@ -89,8 +89,8 @@ class EvalSums:
     def add(self, values: torch.Tensor, batch: PackedBatch, rows: np.ndarray,
             cold_values: torch.Tensor | None = None) -> None:
         """One micro-batch: ``values`` [1, N] predictions (``cold_values``: the step-0 model's)."""
-        self.values += batch_sums(values, batch, self.edges)
-        pair, ev = advantage.batch_sums(values, batch, self.groups.tensor(rows, self.device), self.gamma,
+        self.values += group_sums(values, batch, self.edges)
+        pair, ev = advantage.estimator_sums(values, batch, self.groups.tensor(rows, self.device), self.gamma,
                                         grouped=self.groups.grouped, cold_values=cold_values)
         self.pair += pair
         self.ev += ev
