@@ -20,7 +20,7 @@ from rollouts.cli import run_command
 
 # command -> (module with main(argv), one-line help)
 COMMANDS = {
-    "train": ("critic_pretrain.train", "train a value model: --config FILE [key=value ...]"),
+    "train": ("critic_pretrain.commands.train", "train a value model: --config FILE [key=value ...]"),
     "demo": (None, "train the tiny default on the bundled sample rollouts (configs/demo.yaml)"),
     "eval": ("critic_pretrain.eval.from_checkpoint", "evaluate a checkpoint on any rollouts and write JSON"),
     "report": ("critic_pretrain.report", "PNG plots and a summary of one or more runs"),
@@ -28,13 +28,13 @@ COMMANDS = {
     "seed": ("critic_pretrain.interop.check", "check a seed before a PPO run loads it: seed check PATH"),
     "plan": ("critic_pretrain.plan", "memory per GPU under DDP and FSDP2, and the largest data.max_tokens that fits"),
     "bench": ("critic_pretrain.bench", "throughput benchmark: ours vs a plain padded loop"),
-    "batch": ("critic_pretrain.jobs", "run several train jobs from a JOBS.yaml, resumable, with a summary"),
+    "batch": ("critic_pretrain.commands.batch", "run several train jobs from a JOBS.yaml, resumable, with a summary"),
 }
 
 
 def _run_module(name: str, argv: list[str]) -> int:
     if name is None:  # demo
-        name, argv = "critic_pretrain.train", ["--config", "demo", *argv]  # the bundled configs/demo.yaml
+        name, argv = "critic_pretrain.commands.train", ["--config", "demo", *argv]  # the bundled configs/demo.yaml
     return importlib.import_module(name).main(argv)
 
 

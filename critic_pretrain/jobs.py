@@ -19,7 +19,6 @@ the batch process itself never holds a CUDA context.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -413,15 +412,15 @@ def run_jobs(jobs: list[Job], *, fail_fast: bool, summary_path: Path, jobs_file:
             state = job_state(job)
             if state.finished:
                 res.status = SKIPPED
-                _say(f"({i + 1}/{len(jobs)}) {job.name}: skipped, already finished at step_{state.step}"
+                say(f"({i + 1}/{len(jobs)}) {job.name}: skipped, already finished at step_{state.step}"
                      + (f" (stopped early: {state.stopped_early})" if state.stopped_early else ""))
                 continue
             res.start_step = state.step
-            _say(f"({i + 1}/{len(jobs)}) {job.name}: "
+            say(f"({i + 1}/{len(jobs)}) {job.name}: "
                  + (f"resuming from step_{state.step}" if state.step is not None else "starting")
                  + f" -> {job.output_dir}\n  $ {shlex.join(res.command)}")
             res.status, res.exit_code, res.wall_s, res.reason = run_one(job, fwd)
-            _say(f"{job.name}: {res.status_text} after {_duration(res.wall_s)}" + (
+            say(f"{job.name}: {res.status_text} after {_duration(res.wall_s)}" + (
                 " (it exited 0 without finishing, as train does when signalled itself)"
                 if res.status == PREEMPTED and fwd.received is None else ""))
             _fill_results(jobs, results)
@@ -429,10 +428,10 @@ def run_jobs(jobs: list[Job], *, fail_fast: bool, summary_path: Path, jobs_file:
             if res.status in (PREEMPTED, INTERRUPTED):
                 break
             if res.status == FAILED and fail_fast:
-                _say("--fail-fast: not starting the remaining jobs")
+                say("--fail-fast: not starting the remaining jobs")
                 break
         if fwd.received is not None:
-            _say(f"received {fwd.name}: no further job starts")
+            say(f"received {fwd.name}: no further job starts")
     _fill_results(jobs, results)
     code = exit_code(results, fwd.received)
     write_summary(summary_path, jobs_file, results, started_at, exit_code=code)
@@ -440,7 +439,7 @@ def run_jobs(jobs: list[Job], *, fail_fast: bool, summary_path: Path, jobs_file:
     for r in results:
         if r.reason:
             print(f"{r.name}: {r.reason}", flush=True)
-    _say(f"summary: {summary_path}; exit code {code}" + (
+    say(f"summary: {summary_path}; exit code {code}" + (
         " (preempted: re-run the same command to continue)" if code == EXIT_PREEMPTED else ""))
     return code
 
@@ -452,7 +451,7 @@ def run_one(job: Job, fwd: SignalForwarder) -> tuple[str, int, float, str | None
         proc = subprocess.Popen(job.command(), stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
     except OSError as e:  # e.g. the launcher's program is not installed
         reason = f"cannot start {job.command()[0]}: {e.strerror or e}"
-        _say(f"{job.name}: {reason}")
+        say(f"{job.name}: {reason}")
         return FAILED, 127, time.monotonic() - t0, reason
     errors: list[str] = []
     tee = threading.Thread(target=_tee, args=(proc.stderr, errors), daemon=True)
@@ -539,16 +538,6 @@ def format_table(results: list[JobResult]) -> str:
     return "\n".join(lines)
 
 
-def dry_run(jobs: list[Job]) -> None:
-    """What a real run would do, without running anything."""
-    for i, job in enumerate(jobs):
-        state = job_state(job)
-        action = (f"skip (finished at step_{state.step})" if state.finished else
-                  f"resume from step_{state.step}" if state.step is not None else "start")
-        print(f"({i + 1}/{len(jobs)}) {job.name}: {action} -> {job.output_dir}  "
-              f"[max_steps {job.cfg.train.max_steps}, signal to {job.signal_to}]\n  $ {shlex.join(job.command())}")
-
-
 def _num(v: float | None) -> str:
     return f"{v:.4g}" if v is not None else "-"
 
@@ -571,49 +560,10 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"[batch] {msg}", flush=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="critic-pretrain batch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"exit codes: {EXIT_OK} all jobs done or skipped; {EXIT_FAILED} a job failed; {EXIT_USAGE} invalid "
-               f"JOBS.yaml or arguments; {EXIT_PREEMPTED} preempted (SIGTERM/SIGUSR1): re-run the same command; "
-               f"{EXIT_INTERRUPTED} interrupted (SIGINT)")
-    p.add_argument("jobs", metavar="JOBS.yaml", help="jobs file: defaults + jobs (docs/batch.md)")
-    p.add_argument("--dry-run", action="store_true", help="validate and show what would run, skip or resume")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these jobs (in the file's order)")
-    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed job")
-    p.add_argument("--summary", metavar="PATH",
-                   help="where to write the JSON summary (default: batch_summary.json next to JOBS.yaml)")
-    return p.parse_args(argv)
-
-
-def select(jobs: list[Job], only: list[str] | None, jobs_file: str) -> list[Job]:
-    if not only:
-        return jobs
-    names = [j.name for j in jobs]
-    unknown = [n for n in only if n not in names]
-    if unknown:
-        raise UserError(f"--only {' '.join(unknown)}: no such job in {jobs_file} (jobs: {', '.join(names)})")
-    return [j for j in jobs if j.name in only]
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    jobs = select(load_jobs(args.jobs), args.only, args.jobs)  # a UserError exits EXIT_USAGE (2)
-    if args.dry_run:
-        dry_run(jobs)
-        return EXIT_OK
-    summary = Path(args.summary) if args.summary else Path(args.jobs).resolve().parent / "batch_summary.json"
-    _say(f"{len(jobs)} job(s) from {args.jobs}: {', '.join(j.name for j in jobs)}")
-    return run_jobs(jobs, fail_fast=args.fail_fast, summary_path=summary, jobs_file=args.jobs)
-
-
 if __name__ == "__main__":
-    from .cli import main as cli_main
+    from critic_pretrain.cli import main as cli_main
     sys.exit(cli_main(["batch", *sys.argv[1:]]))

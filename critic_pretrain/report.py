@@ -103,6 +103,16 @@ def _target_kinds(run_dir: Path) -> tuple[str, str]:
         return RunData.kinds
 
 
+def load_metrics(run_dir):
+    """A run's ``metrics.jsonl`` as a pandas DataFrame: one row per step (the train and the
+    validation record of a step merged), sorted by step; a column per metric (NaN where a step
+    did not log it). For notebooks: ``load_metrics("runs/x")[["step", "val/loss"]].dropna()``."""
+    pd = require("pandas", "critic_pretrain.report.load_metrics")
+
+    frame = pd.DataFrame(load_run(run_dir).records)
+    return frame.groupby("step", as_index=False).first().sort_values("step").reset_index(drop=True)
+
+
 def load_runs(run_dirs: list[str | os.PathLike]) -> list[RunData]:
     """Runs named by folder name, or by the path given when two folders share a name."""
     names = [Path(d).resolve().name for d in run_dirs]

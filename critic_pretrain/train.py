@@ -10,7 +10,6 @@ complete ``step_<n>``; ``checkpoint.load_step=N`` resumes from exactly step N.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import math
@@ -31,7 +30,7 @@ import yaml
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain import faults, parallel, preflight, tracking
 from critic_pretrain.checkpoint import resume
-from critic_pretrain.config import Config, describe, load_config
+from critic_pretrain.config import Config
 from critic_pretrain.data import (
     Layout,
     TrainData,
@@ -148,34 +147,6 @@ class Preemption:
         self.exit_code = EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED
         log.warning("received %s: will save at the end of this step and exit%s", signal.Signals(signum).name,
                     " (Ctrl-C again to abort without saving)" if signum == signal.SIGINT else "")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="critic-pretrain train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML run config (configs/*.yaml)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=1e-5")
-    p.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.help_config:
-        for key, default, doc in describe():
-            print(f"{key} = {default}\n    {doc}")
-        return 0
-    if args.config is None and not args.overrides:
-        raise UserError("nothing to train: try `critic-pretrain demo` (the bundled sample and a tiny model), or pass "
-                        "--config configs/<recipe>.yaml data.train=[/your/rollouts] (see critic-pretrain train --help)")
-    with contextlib.ExitStack() as cleanup:  # releases the output_dir lock however we leave
-        try:
-            run = setup(load_config(args.config, args.overrides), cleanup)
-            with Preemption() as preempt:
-                return train_loop(run, preempt)
-        except KeyboardInterrupt:  # the second Ctrl-C
-            raise UserError("interrupted; nothing was saved since the newest step_<n> (re-run the same command "
-                            "to resume from it)", exit_code=EXIT_INTERRUPTED) from None
 
 
 def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
@@ -484,13 +455,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
     bar.close()
     run.metrics.close()
     acc.end_training()
-    if acc.is_main_process:  # check the seed the way a PPO run will load it, and print the config lines
-        from critic_pretrain.interop.check import check_seed, print_report
-        target = "nemo-rl" if cfg.model.head_bias else "openrlhf"  # bias-free heads are for OpenRLHF/TRL
-        print()
-        if print_report(check_seed((run.out / f"step_{state.step}").resolve(), target)) != 0:
-            log.warning("training finished, but step_%d is not a usable %s seed (above)", state.step, target)
-    return 0  # the training result; the seed check above says whether a PPO run can use the seed
+    return 0  # the training result; the train command then checks the seed
 
 
 def evaluate_and_log(run: Run, step: int) -> None:

@@ -1,7 +1,8 @@
 """``critic-pretrain rollouts ...`` (also ``python -m rollouts ...``): check, convert, synth, schema.
 
-Torch-free. Each subcommand module exposes ``add_parser(subparsers)`` which registers its
-parser with ``func=run``; ``run(args) -> int`` returns the exit code.
+Torch-free. The parsers and the printing live here (``check``, ``convert``, ``schema``) or in the
+command's own module (``synth.cli``); each registers ``func=...`` returning the exit code, over
+the library modules (``reader``, ``convert``, ``synth``), which parse no argv.
 
 ``run_command`` is the one error handler of every command of both packages (``critic-pretrain``
 routes through it too): a ``UserError`` prints one ``error: ...`` line and exits with its code
@@ -14,9 +15,17 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .convert import convert_generic, convert_nemo_rl
 from .errors import RolloutError, UserError
+from .sources import SOURCES
+from .writer import DEFAULT_SHARD_ROWS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,8 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "generate synthetic rollouts.")
     rsub = p.add_subparsers(dest="rollouts_cmd", required=True, metavar="{check,convert,synth,schema}")
     _add_check(rsub)
-    from . import convert, synth
-    convert.add_parser(rsub)
+    from . import synth
+    add_convert_parser(rsub)
     synth.add_parser(rsub)
     s = rsub.add_parser("schema", help="print rollout schema v1")
     s.set_defaults(func=lambda args: print(__import__("rollouts.schema").schema.describe()) or 0)
@@ -89,6 +98,177 @@ def run_check(args: argparse.Namespace) -> int:
         else:
             print("\nno problems found")
     return 1 if reader.problems else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# rollouts convert
+
+
+_EPILOG = """\
+examples:
+  critic-pretrain rollouts convert --from nemo-rl logs/exp_001 --out rollouts/run1
+  critic-pretrain rollouts convert --from nemo-rl 'logs/exp_*/train_data_step*.jsonl' --out rollouts/run1 \\
+      --on-bad skip --quarantine bad.jsonl
+  critic-pretrain rollouts convert --from generic dump.jsonl --out rollouts/x \\
+      --map input_ids=tokens --map loss_mask=mask --map reward=meta.score
+  critic-pretrain rollouts convert --from generic padded.parquet --out rollouts/y \\
+      --prompt-field prompt_ids --response-field response_ids --mask-field attention_mask --map reward=score
+  critic-pretrain rollouts convert --from nemo-rl logs/exp_001 --out rollouts/run1 --ppo-config grpo.yaml
+
+verl's trainer.rollout_data_dir dump is decoded text with the special tokens stripped
+(batch_decode(..., skip_special_tokens=True)): token ids cannot be rebuilt from it, so it
+cannot be converted; dump the token ids (prompts, responses, attention mask, reward) instead.
+Row numbers in messages are 0-based; in a JSONL file row N is line N+1.
+Field-by-field mapping of each format: docs/converters.md.
+"""
+
+
+def add_convert_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``rollouts convert``."""
+    p = sub.add_parser(
+        "convert", help="convert NeMo-RL dumps or other JSONL/parquet into schema-v1 shards",
+        description="Convert rollout dumps into schema-v1 parquet shards (streamed, bounded memory). "
+                    "The output folder receives the shards only when every input was converted.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", help="dump files, folders (searched recursively) or globs")
+    p.add_argument("--from", dest="source", choices=list(SOURCES), required=True,
+                   help="nemo-rl: train_data_step<N>.jsonl dumps; generic: JSONL/parquet with --map")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (must be empty, or --overwrite)")
+    p.add_argument("--shard-rows", type=_positive_int, default=DEFAULT_SHARD_ROWS, metavar="N",
+                   help=f"rollouts per shard (default {DEFAULT_SHARD_ROWS})")
+    p.add_argument("--on-bad", choices=["fail", "skip"], default="fail",
+                   help="fail: stop at the first bad row (default); skip: leave bad rows out and count them")
+    p.add_argument("--quarantine", metavar="JSONL", help="write one line per bad row/file (file, row, reason)")
+    p.add_argument("--overwrite", action="store_true", help="replace the shards of a previous conversion in --out")
+    p.add_argument("--keep-extra", action="store_true",
+                   help="keep source fields that map to no schema column as extra columns")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="the tokenizer (or model folder) that produced the token ids: its fingerprint is recorded "
+                        "in OUT/_rollouts.json, and training stops if the model's tokenizer differs")
+    r = p.add_argument_group("rewards: what the dump's rewards are (NeMo-RL logs them after its reward_scaling "
+                             "and reward_shaping), recorded in OUT/_rollouts.json for training and seed check")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument("--ppo-config", metavar="YAML",
+                     help="the collecting run's NeMo-RL config (ppo: or grpo:): its reward_scaling and reward_shaping "
+                          "were applied before logging")
+    how.add_argument("--rewards-raw", action="store_true",
+                     help="the rewards are as the reward function returned them (no scaling, no shaping)")
+    how.add_argument("--rewards-scaled", metavar="SCALE,SHIFT",
+                     help="the rewards were logged as SCALE * raw + SHIFT, e.g. 2,-1 for [0,1] mapped to [-1,1]")
+    g = p.add_argument_group("nemo-rl")
+    g.add_argument("--reward-field", default="rewards", metavar="FIELD",
+                   help="reward field (default rewards; with dynamic sampling maybe filtered_rewards)")
+    g = p.add_argument_group("generic")
+    g.add_argument("--map", action="append", default=[], type=_mapping_arg, metavar="COLUMN=FIELD",
+                   help="take schema COLUMN from source FIELD (a.b for nested objects); repeatable")
+    g.add_argument("--prompt-field", metavar="FIELD", help="prompt token ids (loss_mask 0)")
+    g.add_argument("--response-field", metavar="FIELD", help="response token ids (loss_mask 1)")
+    g.add_argument("--mask-field", metavar="FIELD",
+                   help="a 0/1 attention mask over the tokens (or a response mask): tokens where it is 0 are padding "
+                        "and dropped")
+    g.add_argument("--pad-id", type=int, metavar="ID",
+                   help="strip runs of this id at the padded ends (a prompt's left, a response's right); default: "
+                        "the --tokenizer's pad id")
+    p.set_defaults(func=run_convert)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """``rollouts convert``: convert, print a one-line summary; 1 when nothing was written."""
+    common = dict(keep_extra=args.keep_extra, shard_rows=args.shard_rows, on_bad=args.on_bad,
+                  quarantine=args.quarantine, overwrite=args.overwrite, progress=_stderr)
+    rewards = _rewards_logged(args)
+    tokenizer = None
+    if args.tokenizer:
+        from .tokenizer import fingerprint_of
+        tokenizer = fingerprint_of(args.tokenizer)
+        if tokenizer is None:
+            raise RolloutError(f"--tokenizer {args.tokenizer}: no loadable tokenizer there; pass the folder with "
+                               "tokenizer.json / tokenizer_config.json of the policy that generated the rollouts")
+    if args.source == "nemo-rl":
+        if args.map or args.prompt_field or args.response_field or args.mask_field or args.pad_id is not None:
+            raise RolloutError("--map/--prompt-field/--response-field/--mask-field/--pad-id are for --from generic; "
+                               "NeMo-RL dumps are mapped already (input_lengths cuts their padding)")
+        result = convert_nemo_rl(args.paths, args.out, reward_field=args.reward_field, **common)
+    else:
+        mapping: dict[str, str] = {}
+        for column, source_field in args.map:
+            if column in mapping:
+                raise RolloutError(f"--map {column}=...: given twice; map each column once")
+            mapping[column] = source_field
+        pad_id = args.pad_id
+        if pad_id is None and tokenizer is not None and not args.mask_field:
+            pad_id = tokenizer["special_ids"].get("pad_token_id")
+            if pad_id is not None:
+                _stderr(f"stripping runs of the tokenizer's pad id {pad_id} at the padded ends (--pad-id to change)")
+        result = convert_generic(args.paths, args.out, mapping, prompt_field=args.prompt_field,
+                                 response_field=args.response_field, pad_id=pad_id, mask_field=args.mask_field,
+                                 **common)
+    print(result.summary())
+    if result.rows_written:  # replaces a previous conversion's (--overwrite)
+        from .provenance import write_manifest
+        write_manifest(result.out_dir, generator="rollouts.convert", **{"from": args.source}, tokenizer=tokenizer,
+                       rewards=rewards.to_dict() if rewards else None)
+        if rewards is None and args.source == "nemo-rl":
+            _warn_scaled(result.shards)
+    if result.rows_skipped or result.bad_files:
+        print(f"bad rows and files are listed in {result.quarantine}" if result.quarantine
+              else "pass --quarantine FILE.jsonl to list every bad row")
+    if not result.rows_written:
+        print("no rollout was converted", file=sys.stderr)
+        return 1
+    print(f"next: critic-pretrain rollouts check {result.out_dir}")
+    return 0
+
+
+def _rewards_logged(args: argparse.Namespace):
+    """What ``--ppo-config`` / ``--rewards-raw`` / ``--rewards-scaled`` say of the dump's rewards, or None."""
+    from .provenance import RewardsLogged
+    if args.ppo_config:
+        from .ppo_config import read_ppo_config
+        settings = read_ppo_config(args.ppo_config, grpo=True)
+        if settings.framework != "nemo-rl":
+            raise RolloutError(f"--ppo-config {args.ppo_config}: a {settings.framework} config; only NeMo-RL applies its "
+                               "reward settings before logging: state what the dump holds with --rewards-raw or "
+                               "--rewards-scaled SCALE,SHIFT")
+        return RewardsLogged.from_ppo_settings(settings, f"--ppo-config {args.ppo_config}")
+    if args.rewards_raw:
+        return RewardsLogged(stated_by="--rewards-raw")
+    if args.rewards_scaled:
+        return RewardsLogged.parse(args.rewards_scaled, "--rewards-scaled")
+    return None
+
+
+def _warn_scaled(shards: list[Path]) -> None:
+    """Once, when NeMo-RL rewards fall outside its default reward_scaling source range: they are
+    probably scaled already, and nothing says so."""
+    from .provenance import NEMO_RL_SOURCE_RANGE
+    rewards = pa.concat_arrays([pq.read_table(s, columns=["reward"]).column("reward").combine_chunks()
+                                for s in shards])
+    lo, hi = pc.min(rewards).as_py(), pc.max(rewards).as_py()
+    smin, smax = NEMO_RL_SOURCE_RANGE
+    if lo is not None and (lo < smin or hi > smax):
+        _stderr(f"warning: the rewards span [{lo:g}, {hi:g}], outside [{smin:g}, {smax:g}] (NeMo-RL's default "
+                "reward_scaling source range); NeMo-RL logs rewards after reward_scaling and reward_shaping, so "
+                "these may be scaled already: re-convert with --ppo-config <the collecting run's YAML> (or "
+                "--rewards-raw / --rewards-scaled SCALE,SHIFT) so that training and seed check know the scale")
+
+
+def _mapping_arg(text: str) -> tuple[str, str]:
+    column, sep, source_field = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"'{text}': write COLUMN=FIELD, e.g. input_ids=tokens")
+    return column.strip(), source_field.strip()
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def run_command(fn: Callable[..., int], *args) -> int:

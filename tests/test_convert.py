@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rollouts import RolloutError, RolloutReader, check, convert
+from rollouts import RolloutError, RolloutReader, check
+from rollouts.cli import add_convert_parser
 from rollouts.convert import convert_generic, convert_nemo_rl
 
 PAD = 151643  # Qwen's pad id: padding must never reach the output
@@ -93,7 +94,7 @@ def fake_run(root: Path) -> dict[str, tuple[int, Rollout]]:
 def cli(argv: list[str]) -> int:
     """``critic-pretrain rollouts convert ...`` through the subcommand's own parser."""
     parser = argparse.ArgumentParser(prog="critic-pretrain rollouts")
-    convert.add_parser(parser.add_subparsers(dest="cmd", required=True))
+    add_convert_parser(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 

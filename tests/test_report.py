@@ -140,10 +140,10 @@ def test_report_errors_are_one_line(tmp_path, capsys, case):
 
 
 def test_load_metrics_is_one_row_per_step(tmp_path):
-    """critic_pretrain.load_metrics: train and validation records of a step merged; NaN elsewhere."""
+    """critic_pretrain.report.load_metrics: train and validation records of a step merged; NaN elsewhere."""
     import math
 
-    from critic_pretrain import load_metrics
+    from critic_pretrain.report import load_metrics
 
     lines = [{"step": 0, "val/loss": 0.3}, {"step": 1, "train/loss": 0.5}, {"step": 2, "train/loss": 0.4},
              {"step": 2, "val/loss": 0.2, "val/explained_variance": 0.1}]

@@ -1,0 +1,68 @@
+"""``critic-pretrain batch JOBS.yaml``: argparse and printing over ``critic_pretrain.jobs``."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from ..errors import UserError
+from ..jobs import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    Job,
+    job_state,
+    load_jobs,
+    run_jobs,
+    say,
+)
+from ..jobs import __doc__ as JOBS_DOC
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="critic-pretrain batch", description=JOBS_DOC, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"exit codes: {EXIT_OK} all jobs done or skipped; {EXIT_FAILED} a job failed; {EXIT_USAGE} invalid "
+               f"JOBS.yaml or arguments; {EXIT_PREEMPTED} preempted (SIGTERM/SIGUSR1): re-run the same command; "
+               f"{EXIT_INTERRUPTED} interrupted (SIGINT)")
+    p.add_argument("jobs", metavar="JOBS.yaml", help="jobs file: defaults + jobs (docs/batch.md)")
+    p.add_argument("--dry-run", action="store_true", help="validate and show what would run, skip or resume")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="run only these jobs (in the file's order)")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed job")
+    p.add_argument("--summary", metavar="PATH",
+                   help="where to write the JSON summary (default: batch_summary.json next to JOBS.yaml)")
+    return p.parse_args(argv)
+
+
+def select(jobs: list[Job], only: list[str] | None, jobs_file: str) -> list[Job]:
+    if not only:
+        return jobs
+    names = [j.name for j in jobs]
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        raise UserError(f"--only {' '.join(unknown)}: no such job in {jobs_file} (jobs: {', '.join(names)})")
+    return [j for j in jobs if j.name in only]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    jobs = select(load_jobs(args.jobs), args.only, args.jobs)  # a UserError exits EXIT_USAGE (2)
+    if args.dry_run:
+        dry_run(jobs)
+        return EXIT_OK
+    summary = Path(args.summary) if args.summary else Path(args.jobs).resolve().parent / "batch_summary.json"
+    say(f"{len(jobs)} job(s) from {args.jobs}: {', '.join(j.name for j in jobs)}")
+    return run_jobs(jobs, fail_fast=args.fail_fast, summary_path=summary, jobs_file=args.jobs)
+
+
+def dry_run(jobs: list[Job]) -> None:
+    """What a real run would do, without running anything."""
+    for i, job in enumerate(jobs):
+        state = job_state(job)
+        action = (f"skip (finished at step_{state.step})" if state.finished else
+                  f"resume from step_{state.step}" if state.step is not None else "start")
+        print(f"({i + 1}/{len(jobs)}) {job.name}: {action} -> {job.output_dir}  "
+              f"[max_steps {job.cfg.train.max_steps}, signal to {job.signal_to}]\n  $ {shlex.join(job.command())}")

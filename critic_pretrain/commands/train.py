@@ -1,0 +1,60 @@
+"""``critic-pretrain train``: argparse, the run, and the seed check at its end (printing only).
+
+    critic-pretrain train --config configs/demo.yaml train.max_steps=200
+    accelerate launch critic_pretrain/train.py --config ... (the same command, through the router)
+
+The library (setup, the step, the loop, saves) is ``critic_pretrain.train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+
+from ..config import describe, load_config
+from ..errors import UserError
+from ..interop.check import check_seed, print_report
+from ..train import EXIT_INTERRUPTED, Preemption, Run, setup, train_loop
+from ..train import __doc__ as TRAIN_DOC
+
+log = logging.getLogger("critic_pretrain")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="critic-pretrain train", description=TRAIN_DOC,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML run config (configs/*.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=1e-5")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and meaning")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.help_config:
+        for key, default, doc in describe():
+            print(f"{key} = {default}\n    {doc}")
+        return 0
+    if args.config is None and not args.overrides:
+        raise UserError("nothing to train: try `critic-pretrain demo` (the bundled sample and a tiny model), or pass "
+                        "--config configs/<recipe>.yaml data.train=[/your/rollouts] (see critic-pretrain train --help)")
+    with contextlib.ExitStack() as cleanup:  # releases the output_dir lock however we leave
+        try:
+            run = setup(load_config(args.config, args.overrides), cleanup)
+            with Preemption() as preempt:
+                code = train_loop(run, preempt)
+        except KeyboardInterrupt:  # the second Ctrl-C
+            raise UserError("interrupted; nothing was saved since the newest step_<n> (re-run the same command "
+                            "to resume from it)", exit_code=EXIT_INTERRUPTED) from None
+    if code == 0 and run.accelerator.is_main_process:
+        check_final_seed(run)
+    return code  # the training result; the seed check says whether a PPO run can use the seed
+
+
+def check_final_seed(run: Run) -> None:
+    """The last checkpoint, checked the way a PPO run will load it, and the config lines to paste."""
+    target = "nemo-rl" if run.cfg.model.head_bias else "openrlhf"  # bias-free heads are for OpenRLHF/TRL
+    print()
+    if print_report(check_seed((run.out / f"step_{run.state.step}").resolve(), target)) != 0:
+        log.warning("training finished, but step_%d is not a usable %s seed (above)", run.state.step, target)
