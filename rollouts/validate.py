@@ -103,98 +103,29 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
     dropped and only counted (``"drop"``: de-duplication across sources). ``vocab_size``:
     token ids must be below it (the model's embedding size). ``need_values``: every row
     must carry the collecting critic's ``values`` (bootstrap targets with lambda < 1).
+
+    One check per column, in this order (a row reports its first problem): tokens, mask,
+    rewards, per-token floats, sample weight, sample ids.
     """
     n = batch.num_rows
     names = set(batch.schema.names)
     flags = _Flags(n)
-
-    ids = batch.column("input_ids")
-    lengths, tok, tok_parents, tok_inner_null = _list_parts(ids)
-    flags.add(lengths < 0, "input_ids", "null token list", "write the token ids of the rollout", "null")
-    flags.add(lengths == 0, "input_ids", "empty token list", "drop the row or write its tokens", "empty_row")
-    flags.add(tok_inner_null, "input_ids", "null inside the token list", "write integer token ids only", "null")
-    flags.add(_row_any(tok < 0, tok_parents, n), "input_ids", "negative token id",
-              "token ids must be >= 0; check the tokenizer or the converter", "negative_token")
-    flags.add(_row_any(tok > INT32_MAX, tok_parents, n), "input_ids", "token id above int32 range",
-              "token ids must be < 2**31; check the converter", "token_range")
-    if vocab_size is not None:
-        flags.add(_row_any((tok >= vocab_size) & (tok <= INT32_MAX), tok_parents, n), "input_ids",
-                  f"token id >= the model's vocab_size {vocab_size}",
-                  "the rollouts were tokenized for another model: use that model (or its tokenizer's rollouts)",
-                  "token_out_of_vocab")
-
-    mlen, mask, mask_parents, mask_inner_null = _list_parts(batch.column("loss_mask"))
-    policy = np.zeros(n, dtype=np.int64)
-    _check_len(flags, "loss_mask", mlen, lengths)
-    flags.add(mask_inner_null, "loss_mask", "null inside the mask", "write 0 or 1 for every token", "null")
-    flags.add(_row_any((mask != 0) & (mask != 1), mask_parents, n), "loss_mask", "values other than 0 and 1",
-              "write 1 for policy tokens and 0 for prompt, tool and environment tokens", "bad_mask")
-    if len(mask):
-        policy = np.bincount(mask_parents, weights=(mask == 1), minlength=n).astype(np.int64)
-    flags.add(policy == 0, "loss_mask", "no policy token (loss_mask is all 0)",
-              "there is nothing to learn from this row: drop it, or fix the mask", "no_policy_token")
-
-    reward = np.zeros(n)
-    has_reward = np.zeros(n, dtype=bool)
-    if "reward" in names:
-        col = batch.column("reward")
-        if not pa.types.is_null(col.type):
-            r = pc.fill_null(col.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
-            null = col.is_null().to_numpy(zero_copy_only=False)
-            flags.add(~null & ~np.isfinite(r), "reward", "reward is NaN or infinite",
-                      "fix the reward function or drop the row", "nan")
-            has_reward |= ~null
-            reward = np.where(null, 0.0, r)
-    if "token_rewards" in names and not pa.types.is_null(batch.column("token_rewards").type):
-        tlen, tr, tr_parents, tr_inner_null = _list_parts(batch.column("token_rewards"))
-        present = tlen >= 0
-        _check_len(flags, "token_rewards", np.where(present, tlen, lengths), lengths)
-        flags.add(tr_inner_null, "token_rewards", "null inside token_rewards", "write 0.0 where there is no reward", "null")
-        tr = tr.astype(np.float64)
-        flags.add(_row_any(~np.isfinite(tr), tr_parents, n), "token_rewards", "NaN or infinite token reward",
-                  "fix the reward function or drop the row", "nan")
-        if len(tr):
-            reward = reward + np.bincount(tr_parents, weights=np.nan_to_num(tr), minlength=n)
-        has_reward |= present
-    flags.add(~has_reward, "reward", "no reward for this row (reward and token_rewards are null)",
-              "write an outcome reward or per-token rewards", "no_reward")
-
+    lengths = _check_tokens(flags, batch.column("input_ids"), n, vocab_size)
+    mlen, mask, mask_parents, policy = _check_mask(flags, batch.column("loss_mask"), lengths, n)
+    reward = _check_rewards(flags, batch, names, lengths, n)
     for name in ("values", "oracle_values"):
-        if name in names and not pa.types.is_null(batch.column(name).type):
-            vlen, v, v_parents, v_inner_null = _list_parts(batch.column(name))
-            _check_len(flags, name, np.where(vlen >= 0, vlen, lengths), lengths)
-            flags.add(v_inner_null, name, f"null inside {name}", "write a number for every token", "null")
-            flags.add(_row_any(~np.isfinite(v.astype(np.float64)), v_parents, n), name,
-                      f"NaN or infinite {name}", "fix the critic output or drop the column", "nan")
-
-    if need_values and "values" in names and not pa.types.is_null(batch.column("values").type):
+        if _present(batch, names, name):
+            _check_floats(flags, batch.column(name), name, lengths, n)
+    if need_values and _present(batch, names, "values"):
         flags.add(batch.column("values").is_null().to_numpy(zero_copy_only=False), "values",
                   "no values for this row, and lambda < 1 bootstraps from them",
                   "drop the row, write the collecting critic's values, or train with targets.lam=1.0", "null")
-
-    if "sample_weight" in names and not pa.types.is_null(batch.column("sample_weight").type):
+    if _present(batch, names, "sample_weight"):
         w = pc.fill_null(batch.column("sample_weight").cast(pa.float64()), 1.0).to_numpy(zero_copy_only=False)
         flags.add(~np.isfinite(w) | (w < 0), "sample_weight", "sample_weight is negative, NaN or infinite",
                   "use a finite weight >= 0 (0 drops the row from the loss)", "nan")
-
-    sample_ids = None
-    dropped = np.zeros(n, dtype=bool)  # repeats left out in "drop" mode (not problems)
-    if "sample_id" in names and not pa.types.is_null(batch.column("sample_id").type):
-        sample_ids = batch.column("sample_id").cast(pa.string()).to_pylist()
-        if seen_ids is not None:
-            dup = np.zeros(n, dtype=bool)
-            batch_seen: set[str] = set()
-            for i, sid in enumerate(sample_ids):
-                if sid is None:
-                    continue
-                if sid in seen_ids or sid in batch_seen:
-                    dup[i] = True
-                batch_seen.add(sid)
-            if duplicates == "error":
-                flags.add(dup, "sample_id", "duplicate sample_id (seen earlier in this archive)",
-                          "make ids unique, or remove the repeated rollout", "duplicate_id")
-            else:
-                dropped = dup & (flags.reason < 0)
+    sample_ids = batch.column("sample_id").cast(pa.string()).to_pylist() if _present(batch, names, "sample_id") else None
+    dropped = _check_ids(flags, sample_ids, seen_ids, duplicates, n)
 
     bad = flags.reason >= 0
     problems = []
@@ -205,26 +136,117 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
     keep = ~bad & ~dropped
     if seen_ids is not None and sample_ids is not None:
         seen_ids.update(s for s, k in zip(sample_ids, keep) if k and s is not None)
-
-    turns = np.zeros(n, dtype=np.int64)
-    if len(mask):  # a turn starts at a policy token whose predecessor in the same row is not one
-        is_policy = mask == 1
-        prev = np.concatenate([[False], is_policy[:-1]])
-        ml = np.maximum(mlen, 0)
-        prev[(np.cumsum(ml) - ml)[ml > 0]] = False
-        turns = np.bincount(mask_parents[is_policy & ~prev], minlength=n)
-
+    turns = _turns(mask, mask_parents, mlen, n)
     kept = batch.filter(pa.array(keep)) if not keep.all() else batch
-    return BatchResult(
-        batch=_canonicalize(kept),
-        rows=np.flatnonzero(keep) + row_offset,
-        problems=problems,
-        lengths=lengths[keep],
-        policy_tokens=policy[keep],
-        total_reward=reward[keep],
-        turns=turns[keep],
-        duplicates=int(dropped.sum()),
-    )
+    return BatchResult(batch=_canonicalize(kept), rows=np.flatnonzero(keep) + row_offset, problems=problems,
+                       lengths=lengths[keep], policy_tokens=policy[keep], total_reward=reward[keep],
+                       turns=turns[keep], duplicates=int(dropped.sum()))
+
+
+def _present(batch: pa.RecordBatch, names: set[str], name: str) -> bool:
+    return name in names and not pa.types.is_null(batch.column(name).type)
+
+
+def _check_tokens(flags: _Flags, ids: pa.Array, n: int, vocab_size: int | None) -> np.ndarray:
+    """Null, empty, negative, out-of-range and out-of-vocabulary token ids; returns the lengths."""
+    lengths, tok, parents, inner_null = _list_parts(ids)
+    flags.add(lengths < 0, "input_ids", "null token list", "write the token ids of the rollout", "null")
+    flags.add(lengths == 0, "input_ids", "empty token list", "drop the row or write its tokens", "empty_row")
+    flags.add(inner_null, "input_ids", "null inside the token list", "write integer token ids only", "null")
+    flags.add(_row_any(tok < 0, parents, n), "input_ids", "negative token id",
+              "token ids must be >= 0; check the tokenizer or the converter", "negative_token")
+    flags.add(_row_any(tok > INT32_MAX, parents, n), "input_ids", "token id above int32 range",
+              "token ids must be < 2**31; check the converter", "token_range")
+    if vocab_size is not None:
+        flags.add(_row_any((tok >= vocab_size) & (tok <= INT32_MAX), parents, n), "input_ids",
+                  f"token id >= the model's vocab_size {vocab_size}",
+                  "the rollouts were tokenized for another model: use that model (or its tokenizer's rollouts)",
+                  "token_out_of_vocab")
+    return lengths
+
+
+def _check_mask(flags: _Flags, col: pa.Array, lengths: np.ndarray, n: int):
+    """One 0/1 entry per token and at least one policy token; (lengths, flat mask, parents, policy tokens)."""
+    mlen, mask, parents, inner_null = _list_parts(col)
+    policy = np.zeros(n, dtype=np.int64)
+    _check_len(flags, "loss_mask", mlen, lengths)
+    flags.add(inner_null, "loss_mask", "null inside the mask", "write 0 or 1 for every token", "null")
+    flags.add(_row_any((mask != 0) & (mask != 1), parents, n), "loss_mask", "values other than 0 and 1",
+              "write 1 for policy tokens and 0 for prompt, tool and environment tokens", "bad_mask")
+    if len(mask):
+        policy = np.bincount(parents, weights=(mask == 1), minlength=n).astype(np.int64)
+    flags.add(policy == 0, "loss_mask", "no policy token (loss_mask is all 0)",
+              "there is nothing to learn from this row: drop it, or fix the mask", "no_policy_token")
+    return mlen, mask, parents, policy
+
+
+def _check_rewards(flags: _Flags, batch: pa.RecordBatch, names: set[str], lengths: np.ndarray, n: int) -> np.ndarray:
+    """A finite outcome reward or per-token rewards on every row; returns each row's total reward."""
+    reward = np.zeros(n)
+    has_reward = np.zeros(n, dtype=bool)
+    if _present(batch, names, "reward"):
+        col = batch.column("reward")
+        r = pc.fill_null(col.cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+        null = col.is_null().to_numpy(zero_copy_only=False)
+        flags.add(~null & ~np.isfinite(r), "reward", "reward is NaN or infinite",
+                  "fix the reward function or drop the row", "nan")
+        has_reward |= ~null
+        reward = np.where(null, 0.0, r)
+    if _present(batch, names, "token_rewards"):
+        tlen, tr, parents, inner_null = _list_parts(batch.column("token_rewards"))
+        present = tlen >= 0
+        _check_len(flags, "token_rewards", np.where(present, tlen, lengths), lengths)
+        flags.add(inner_null, "token_rewards", "null inside token_rewards", "write 0.0 where there is no reward", "null")
+        tr = tr.astype(np.float64)
+        flags.add(_row_any(~np.isfinite(tr), parents, n), "token_rewards", "NaN or infinite token reward",
+                  "fix the reward function or drop the row", "nan")
+        if len(tr):
+            reward = reward + np.bincount(parents, weights=np.nan_to_num(tr), minlength=n)
+        has_reward |= present
+    flags.add(~has_reward, "reward", "no reward for this row (reward and token_rewards are null)",
+              "write an outcome reward or per-token rewards", "no_reward")
+    return reward
+
+
+def _check_floats(flags: _Flags, col: pa.Array, name: str, lengths: np.ndarray, n: int) -> None:
+    """A per-token float column (values, oracle_values): one finite number per token, or null."""
+    vlen, v, parents, inner_null = _list_parts(col)
+    _check_len(flags, name, np.where(vlen >= 0, vlen, lengths), lengths)
+    flags.add(inner_null, name, f"null inside {name}", "write a number for every token", "null")
+    flags.add(_row_any(~np.isfinite(v.astype(np.float64)), parents, n), name,
+              f"NaN or infinite {name}", "fix the critic output or drop the column", "nan")
+
+
+def _check_ids(flags: _Flags, sample_ids: list | None, seen_ids: set[str] | None, duplicates: str,
+               n: int) -> np.ndarray:
+    """Repeated sample ids: a problem (``duplicates="error"``), or dropped (returned mask) and counted."""
+    dropped = np.zeros(n, dtype=bool)
+    if sample_ids is None or seen_ids is None:
+        return dropped
+    dup = np.zeros(n, dtype=bool)
+    batch_seen: set[str] = set()
+    for i, sid in enumerate(sample_ids):
+        if sid is None:
+            continue
+        if sid in seen_ids or sid in batch_seen:
+            dup[i] = True
+        batch_seen.add(sid)
+    if duplicates == "error":
+        flags.add(dup, "sample_id", "duplicate sample_id (seen earlier in this archive)",
+                  "make ids unique, or remove the repeated rollout", "duplicate_id")
+        return dropped
+    return dup & (flags.reason < 0)
+
+
+def _turns(mask: np.ndarray, parents: np.ndarray, mlen: np.ndarray, n: int) -> np.ndarray:
+    """Policy turns per row: a turn starts at a policy token whose predecessor in its row is not one."""
+    if not len(mask):
+        return np.zeros(n, dtype=np.int64)
+    is_policy = mask == 1
+    prev = np.concatenate([[False], is_policy[:-1]])
+    ml = np.maximum(mlen, 0)
+    prev[(np.cumsum(ml) - ml)[ml > 0]] = False
+    return np.bincount(parents[is_policy & ~prev], minlength=n)
 
 
 def _check_len(flags: _Flags, name: str, got: np.ndarray, want: np.ndarray) -> None:
