@@ -150,10 +150,50 @@ class Preemption:
 
 
 def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs, set_seed
+    """Everything a run needs, in the order that fails fastest: the accelerator and the output
+    folder's lock, the resume point (its checks run before anything in the folder is rewritten),
+    the data, the model, its placement and optimizer, then the resumed state."""
+    accelerator, trackers, mp = make_accelerator(cfg)
+    out = Path(cfg.output_dir)
+    layout = Layout(accelerator.num_processes, accelerator.process_index, cfg.train.grad_accum)
+    lock = ckpt.lock_output_dir(out) if accelerator.is_main_process else None  # one run per output_dir, until exit
+    if lock is not None and cleanup is not None:
+        cleanup.callback(lock.close)
+    resume_dir, config_changes, data_changes = resume_point(cfg, layout)
+    if accelerator.is_main_process:
+        write_config(cfg, out)
+    from accelerate.utils import set_seed
+    set_seed(cfg.seed)
 
-    # ---- accelerator ------------------------------------------------------------------------
+    hf_config = build_config(cfg.model)  # before the data: a model we cannot train fails in seconds
+    data, tokenizer, tokenizer_fp, rewards_logged = prepare_data(cfg, accelerator, hf_config, layout, resume_dir)
+    model = make_model(cfg, hf_config, data, resume_dir, accelerator.device, mp, layout)
+    model, optimizer, scheduler = place_and_optimize(cfg, model, accelerator)
+    state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout) if resume_dir else TrainState()
+    resume_step = state.step if resume_dir else None
+    stop_rule = StopRule(cfg.train.stop_when)
+    metric_names_checked = False
+    if resume_dir is not None:  # the resumed run's own history: its stop rule and its metric names
+        stop_rule.replay(out / "metrics.jsonl", state.step)
+        logged = {k for rec in (read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else [])
+                  for k in rec if k.startswith("val/")}
+        if logged:
+            preflight.check_metric_names(cfg, logged)
+            metric_names_checked = True
+    tracking.start(accelerator, trackers, cfg.train.tracker_project, cfg.to_dict(), resume_step, out)
+    metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=accelerator.is_main_process,
+                         mirror=accelerator.log if trackers else None)
+    return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
+               state, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
+               tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked,
+               rewards_logged=rewards_logged)
+
+
+def make_accelerator(cfg: Config):
+    """(accelerator, tracker instances, resolved mixed precision); logging configured per rank."""
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
     mp = cfg.train.mixed_precision
     if mp == "auto":
         mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
@@ -164,34 +204,36 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     trackers = tracking.build(report_to, out, cfg.train.tracker_project)  # start once the resume step is known
     accelerator = Accelerator(mixed_precision=mp, kwargs_handlers=[timeout], log_with=trackers or None,
                               project_dir=str(out))
-    is_main = accelerator.is_main_process
-    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if accelerator.is_main_process else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
-    layout = Layout(accelerator.num_processes, accelerator.process_index, cfg.train.grad_accum)
-    lock = ckpt.lock_output_dir(out) if is_main else None  # one run per output_dir, held until exit
-    if lock is not None and cleanup is not None:
-        cleanup.callback(lock.close)
+    return accelerator, trackers, mp
 
-    # ---- resume point -------------------------------------------------------------------------
+
+def resume_point(cfg: Config, layout: Layout) -> tuple[Path | None, list, list]:
+    """(the step to resume from or None, accepted config changes, accepted data changes)."""
+    out = Path(cfg.output_dir)
     resume_dir = ckpt.resolve_resume(out, cfg.checkpoint.load_step)
-    if resume_dir is not None:
-        log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
-        config_changes = resume.check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
-        resume.check_layout(resume_dir, layout)
-        data_changes = resume.check_data_changes(resume_dir, cfg.data)
-    else:
+    if resume_dir is None:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
-        config_changes, data_changes = [], []
-    if is_main:
-        try:
-            fileio.write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        except OSError as e:
-            raise UserError(f"cannot write {out / 'config.yaml'} ({e.strerror or e}); free space or fix the "
-                            "folder's permissions, then re-run") from None
-    set_seed(cfg.seed)
+        return None, [], []
+    log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
+    config_changes = resume.check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
+    resume.check_layout(resume_dir, layout)
+    return resume_dir, config_changes, resume.check_data_changes(resume_dir, cfg.data)
 
-    # ---- data ---------------------------------------------------------------------------------
-    hf_config = build_config(cfg.model)  # before the data: a model we cannot train fails in seconds
+
+def write_config(cfg: Config, out: Path) -> None:
+    try:
+        fileio.write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    except OSError as e:
+        raise UserError(f"cannot write {out / 'config.yaml'} ({e.strerror or e}); free space or fix the "
+                        "folder's permissions, then re-run") from None
+
+
+def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir: Path | None):
+    """(TrainData, tokenizer, its fingerprint, what the archives say of their rewards), with the
+    refusals that need the data: another tokenizer, mixed reward scales, no validation for a
+    feature that needs it, a moved split, too little data for one step."""
     tokenizer = _load_tokenizer(cfg)
     tokenizer_fp = fingerprint(tokenizer) if tokenizer is not None else None
     train_specs = [p for src in cfg.data.all_sources() for p in src.paths]
@@ -202,8 +244,9 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     if rewards_logged is not None:
         log.info("rewards in the rollouts: logged as %s of the raw ones (%s)", rewards_logged.formula(),
                  rewards_logged.stated_by)
-    data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or out / "data_cache"),
-                            main_first=accelerator.main_process_first, progress=is_main and cfg.train.progress,
+    data = build_train_data(cfg.data, cfg.targets, Path(cfg.data.cache_dir or Path(cfg.output_dir) / "data_cache"),
+                            main_first=accelerator.main_process_first,
+                            progress=accelerator.is_main_process and cfg.train.progress,
                             model_limit=position_limit(hf_config), vocab_size=hf_config.vocab_size)
     log.info("data: %s", data.describe())
     preflight.check_validation_needs(cfg, len(data.val_idx))
@@ -213,8 +256,11 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     if not plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
                         f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
+    return data, tokenizer, tokenizer_fp, rewards_logged
 
-    # ---- model --------------------------------------------------------------------------------
+
+def make_model(cfg: Config, hf_config, data: TrainData, resume_dir: Path | None, device, mp: str, layout: Layout):
+    """The value model (head initialised only for a fresh start), with the start-up lines."""
     model = build_value_model(cfg.model, init_head=resume_dir is None, config=hf_config)
     if resume_dir is None and cfg.model.bias_init == "mean_target" and cfg.model.init_from == "backbone":
         set_head_bias_value(model, data.train.stats.mean_target)
@@ -224,10 +270,13 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mp, getattr(torch, cfg.model.dtype))
     log.info("value model %s: %.2fM parameters (%.2fM without embeddings), mixed precision %s, %d process(es)",
              type(model).__name__, n["total"] / 1e6, n["matmul"] / 1e6, mp, layout.world)
-    log.info("attention %s: %s", model.config._attn_implementation,
-             model.attention_plan.describe(accelerator.device, compute_dtype))
+    log.info("attention %s: %s", model.config._attn_implementation, model.attention_plan.describe(device, compute_dtype))
+    return model
 
-    # ---- sharding and optimizer ----------------------------------------------------------------
+
+def place_and_optimize(cfg: Config, model, accelerator):
+    """(model, optimizer, scheduler) placed on the ranks: accelerate's DDP/FSDP, or our FSDP2
+    where accelerate does not shard (CPU workers)."""
     own_fsdp2 = parallel.needs_own_fsdp2(accelerator)
     if own_fsdp2:  # before the optimizer: it must see the sharded (DTensor) parameters
         parallel.shard_fsdp2(model.to(accelerator.device))
@@ -241,26 +290,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
     log.info("parallelism: %s", parallel.describe(accelerator, model))
-    state = TrainState()
-    if resume_dir is not None:
-        state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout)
-    resume_step = state.step if resume_dir else None
-    stop_rule = StopRule(cfg.train.stop_when)
-    metric_names_checked = False
-    if resume_dir is not None:
-        stop_rule.replay(out / "metrics.jsonl", state.step)
-        records = read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
-        logged = {k for rec in records for k in rec if k.startswith("val/")}
-        if logged:
-            preflight.check_metric_names(cfg, logged)
-            metric_names_checked = True
-    tracking.start(accelerator, trackers, cfg.train.tracker_project, cfg.to_dict(), resume_step, out)
-    metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=is_main,
-                         mirror=accelerator.log if trackers else None)
-    return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
-               state, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
-               tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked,
-               rewards_logged=rewards_logged)
+    return model, optimizer, scheduler
 
 
 def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> TrainState:
