@@ -437,8 +437,8 @@ def train_loop(run: Run, preempt: Preemption) -> int:
         plan = plan_epoch(*run.data.epoch(cfg.seed, state.epoch), seed=cfg.seed, epoch=state.epoch, data=cfg.data,
                           layout=layout)
         steps_in_epoch = len(plan) // layout.per_step
-        mine = [mb for s in range(state.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
-        batches = loader(run.data.train, mine, run.data.max_length, num_workers=num_workers,
+        rank_batches = [mb for s in range(state.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
+        batches = loader(run.data.train, rank_batches, run.data.max_length, num_workers=num_workers,
                          pin_memory=torch.cuda.is_available(), with_rewards=cfg.targets.values_from == "critic")
         while state.step_in_epoch < steps_in_epoch and state.step < cfg.train.max_steps:
             micro = [next(batches).to(acc.device) for _ in range(layout.grad_accum)]
@@ -451,15 +451,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
             done = state.step == cfg.train.max_steps
             logged = state.step % cfg.train.log_every == 0 or done
             if logged:
-                window.check(state.step)
-                window.flush_counts()
-                rec = {"step": state.step, **window.metrics(), "train/lr": run.scheduler.get_last_lr()[0],
-                       "train/grad_norm": float(grad_norm), "train/epoch": state.epoch,
-                       "train/consumed_samples": state.consumed_samples}
-                run.metrics.log(rec)
-                bar.set_postfix(vs=cfg.targets.kinds()[0], loss=f"{rec.get('train/loss', math.nan):.4g}",
-                                ev=f"{rec.get('train/explained_variance', math.nan):.3f}",
-                                tok_s=f"{rec['train/tokens_per_s']:.3g}")
+                log_train(run, window, grad_norm, bar)
             t_pause = time.perf_counter()  # tokens/s measures training, not evaluation or saving
             if (cfg.eval.every and state.step % cfg.eval.every == 0) or done:
                 evaluate_and_log(run, state.step)
@@ -486,6 +478,20 @@ def train_loop(run: Run, preempt: Preemption) -> int:
     run.metrics.close()
     acc.end_training()
     return 0  # the training result; the train command then checks the seed
+
+
+def log_train(run: Run, window: Window, grad_norm: torch.Tensor, bar) -> None:
+    """A train record (window statistics since the last one) to metrics.jsonl, the trackers
+    and the progress line. ``float(grad_norm)``: a host sync, at log steps only."""
+    state = run.state
+    window.check(state.step)
+    window.flush_counts()
+    rec = {"step": state.step, **window.metrics(), "train/lr": run.scheduler.get_last_lr()[0],
+           "train/grad_norm": float(grad_norm), "train/epoch": state.epoch,
+           "train/consumed_samples": state.consumed_samples}
+    run.metrics.log(rec)
+    bar.set_postfix(vs=run.cfg.targets.kinds()[0], loss=f"{rec.get('train/loss', math.nan):.4g}",
+                    ev=f"{rec.get('train/explained_variance', math.nan):.3f}", tok_s=f"{rec['train/tokens_per_s']:.3g}")
 
 
 def evaluate_and_log(run: Run, step: int) -> None:
