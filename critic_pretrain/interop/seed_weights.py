@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -250,7 +251,9 @@ def _earlier_step(root: Path) -> Path | None:
 # Optimizer
 
 def check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
-                     param_shapes: dict[str, tuple]) -> None:
+                    param_shapes: dict[str, tuple]) -> None:
+    """value/optimizer, when present: a readable DCP checkpoint of {optim, sched} whose AdamW state
+    covers every trainable parameter in one group with initial_lr (NeMo-RL before PR #4213 loads it)."""
     opt_root = p.optim_dir.parent
     report.facts["optimizer"] = None
     if not opt_root.exists():
@@ -261,27 +264,11 @@ def check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
         report.fail("optimizer", f"value/optimizer exists but has no optim/ checkpoint: NeMo-RL before PR #4213 "
                                  f"tries to load it and fails; {drop}")
         return
-    try:
-        md = dcp_metadata(p.optim_dir)
-        state = read_dcp(p.optim_dir, tensors=False)
-    except Exception as e:  # DCP raises assorted errors for a broken folder
-        report.fail("optimizer", f"value/optimizer/optim is not a readable torch.distributed.checkpoint "
-                                 f"({first_line(e)}); {drop}")
+    read = _read_optimizer(report, p, drop)
+    if read is None:
         return
-    if not {"optim", "sched"} <= state.keys():
-        report.fail("optimizer", f"value/optimizer/optim holds {sorted(state)} instead of {{optim, sched}}: "
-                                 f"NeMo-RL cannot load it; {drop}")
-        return
-    moments: dict[str, dict[str, tuple]] = {}
-    for key, where in (md.planner_data or {}).items():
-        if len(where) == 2 and where[0] == "optim" and where[1].startswith("state."):
-            fqn, fieldname = where[1][len("state."):].rsplit(".", 1)
-            moments.setdefault(fqn, {})[fieldname] = tuple(md.state_dict_metadata[key].size)
-    groups: dict[str, dict[str, Any]] = {}
-    for key, value in state["optim"].items():
-        if key.startswith("param_groups."):
-            fqn, hyper = key[len("param_groups."):].rsplit(".", 1)
-            groups.setdefault(fqn, {})[hyper] = value
+    md, state = read
+    moments, groups = _optimizer_layout(md, state)
     covered = {f for f, m in moments.items() if {"exp_avg", "exp_avg_sq"} <= m.keys()}
     missing = [n for n in params if n not in covered]
     extra = sorted(covered - set(params))
@@ -299,6 +286,63 @@ def check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
                                  "param_groups": len(distinct), "initial_lr": not no_initial,
                                  "lr": lrs[0] if len(lrs) == 1 else lrs, "scheduler": sched_cls,
                                  "last_epoch": state["sched"].get("last_epoch")}
+    _optimizer_problems(report, param_shapes, OptimizerFindings(moments, covered, missing, extra, distinct, differing,
+                                                                no_initial, sched_cls), params, drop)
+
+
+def _read_optimizer(report: SeedReport, p: ckpt.StepPaths, drop: str):
+    """(DCP metadata, the non-tensor state) of value/optimizer/optim, or None after a problem."""
+    try:
+        md = dcp_metadata(p.optim_dir)
+        state = read_dcp(p.optim_dir, tensors=False)
+    except Exception as e:  # DCP raises assorted errors for a broken folder
+        report.fail("optimizer", f"value/optimizer/optim is not a readable torch.distributed.checkpoint "
+                                 f"({first_line(e)}); {drop}")
+        return None
+    if not {"optim", "sched"} <= state.keys():
+        report.fail("optimizer", f"value/optimizer/optim holds {sorted(state)} instead of {{optim, sched}}: "
+                                 f"NeMo-RL cannot load it; {drop}")
+        return None
+    return md, state
+
+
+def _optimizer_layout(md, state) -> tuple[dict[str, dict[str, tuple]], dict[str, dict[str, Any]]]:
+    """(moment shapes by parameter and field, hyperparameters by parameter) of a flat AdamW state."""
+    moments: dict[str, dict[str, tuple]] = {}
+    for key, where in (md.planner_data or {}).items():
+        if len(where) == 2 and where[0] == "optim" and where[1].startswith("state."):
+            fqn, fieldname = where[1][len("state."):].rsplit(".", 1)
+            moments.setdefault(fqn, {})[fieldname] = tuple(md.state_dict_metadata[key].size)
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in state["optim"].items():
+        if key.startswith("param_groups."):
+            fqn, hyper = key[len("param_groups."):].rsplit(".", 1)
+            groups.setdefault(fqn, {})[hyper] = value
+    return moments, groups
+
+
+@dataclass
+class OptimizerFindings:
+    """What the optimizer state holds, against the model's trainable parameters."""
+
+    moments: dict[str, dict[str, tuple]]
+    """Moment shapes by parameter name and field (exp_avg, exp_avg_sq)."""
+    covered: set[str]
+    """Parameters with both AdamW moments."""
+    missing: list[str]
+    extra: list[str]
+    distinct: set
+    """The distinct parameter groups (their hyperparameters)."""
+    differing: list[str]
+    """Hyperparameters that differ between groups."""
+    no_initial: list[str]
+    sched_cls: str
+
+
+def _optimizer_problems(report: SeedReport, param_shapes: dict[str, tuple], found: OptimizerFindings,
+                        params: list[str], drop: str) -> None:
+    moments, covered, missing, extra = found.moments, found.covered, found.missing, found.extra
+    distinct, differing, no_initial, sched_cls = found.distinct, found.differing, found.no_initial, found.sched_cls
     if missing:
         report.fail("optimizer", f"the optimizer state lacks {len(missing)} trainable parameter(s) "
                                  f"(e.g. {missing[0]}): NeMo-RL before PR #4213 fails to load it; {drop}")
