@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from critic_pretrain.config import load_config  # noqa: E402
+from critic_pretrain.config_io import load_config  # noqa: E402
 from critic_pretrain.plan import GIB, make_plan  # noqa: E402
 
 SHAPES = {  # the Qwen2.5 configs' architecture fields

@@ -45,7 +45,7 @@ def overrides(folder: Path, out: Path, steps: int, extra: list[str]) -> list[str
 
 def predicted_bytes(argv: list[str]) -> float:
     """``critic-pretrain plan``'s memory for this run on one process, without DDP buffers."""
-    from critic_pretrain.config import load_config
+    from critic_pretrain.config_io import load_config
     from critic_pretrain.plan import make_plan
     cfg = load_config(argv[1], [*argv[2:], "train.mixed_precision=no"])
     plan = make_plan(cfg)

@@ -246,6 +246,7 @@ def cpu_pipeline(folder: Path, cache: Path, max_tokens: int) -> dict:
     return {"tokens": tokens, "prepare_tokens_per_s": tokens / t_prepare, "pack_tokens_per_s": tokens / t_pack}
 
 
+# long: one benchmark, read top to bottom: arguments, both variants on the same rollouts, one table
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="critic-pretrain bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,30 +1,17 @@
-"""Run configuration: typed dataclasses, YAML files, dotted ``key=value`` overrides.
+"""Run configuration: typed dataclasses, one per section, each field with its docstring (the
+string literal under it) and its range checked next to it (the section's ``__post_init__``).
 
-    cfg = load_config("configs/demo.yaml", ["train.max_steps=50", "optim.lr=3e-4"])
-
-Every field carries a docstring (the string literal under it); ``describe()`` turns them
-into the reference printed by ``critic-pretrain train --help-config`` and docs/config.md.
-Loading checks names (with a did-you-mean), types and ranges and raises ``UserError``
-with one line naming the key and what to do. The resolved config is written into every
-run folder and checkpoint as ``config.yaml``.
+Reading YAML, dotted ``key=value`` overrides, type coercion and the docs/config.md table are
+``config_io``. A failed check is a one-line ``UserError`` naming the key and what to do.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import os
-import textwrap
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from .errors import UserError, did_you_mean
+from .errors import UserError
 
 
 @dataclass
@@ -61,6 +48,12 @@ class ModelConfig:
     transformers name (`sdpa`, `eager`, `flash_attention_2`, ...)."""
     trust_remote_code: bool = False
     """Allow custom modelling code from `name_or_path`."""
+
+    def __post_init__(self):
+        if self.name_or_path is None and isinstance(self.config, dict):
+            need("model_type" in self.config, "model.config needs model_type (e.g. qwen2, llama) for random init")
+        need(self.init_from == "backbone" or self.name_or_path,
+             "model.init_from=reward_model needs model.name_or_path pointing at the reward model")
 
 
 @dataclass
@@ -129,6 +122,26 @@ class DataConfig:
         """`train` as one plain source, then `sources`."""
         return ([SourceConfig(paths=list(self.train), name="train")] if self.train else []) + list(self.sources)
 
+    def __post_init__(self):
+        for i, src in enumerate(self.sources):
+            key = f"data.sources[{i}]"
+            need(bool(src.paths), f"{key}.paths is empty; give files, folders or globs")
+            need(src.weight >= 0, f"{key}.weight={src.weight} must be >= 0")
+            for name in ("policy_version", "reward"):
+                rng = getattr(src, name)
+                need(rng is None or (len(rng) == 2 and rng[0] <= rng[1]), f"{key}.{name}={rng} must be [min, max]")
+        need(0.0 <= self.max_bad_fraction <= 1.0, "data.max_bad_fraction must be in [0, 1]")
+        need(0.0 <= self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction} must be in [0, 1)")
+        need(self.max_tokens > 0, "data.max_tokens must be > 0 (tokens per micro-batch)")
+        if self.max_length is not None:
+            need(0 < self.max_length <= self.max_tokens,
+                 f"data.max_length={self.max_length} must be in (0, data.max_tokens={self.max_tokens}]: "
+                 "a rollout must fit into one micro-batch")
+        need(self.recency_half_life is None or self.recency_half_life > 0,
+             f"data.recency_half_life={self.recency_half_life} must be > 0 (policy versions), or null for no "
+             "recency weighting")
+        need(self.num_workers is None or self.num_workers >= 0, "data.num_workers must be >= 0")
+
 
 @dataclass
 class TargetsConfig:
@@ -160,6 +173,16 @@ class TargetsConfig:
             return kind, kind
         return "Monte-Carlo returns", "Monte-Carlo returns"
 
+    def __post_init__(self):
+        need(0.0 < self.gamma <= 1.0, f"targets.gamma={self.gamma} must be in (0, 1]")
+        need(0.0 <= self.lam <= 1.0, f"targets.lam={self.lam} must be in [0, 1]")
+        need(self.lam == 1.0 or self.values_from != "none",
+             f"targets.lam={self.lam} < 1 needs bootstrap values; set targets.values_from=data "
+             "(the rollouts' `values` column), targets.values_from=critic (its own predictions) or targets.lam=1.0")
+        if self.reward_clip is not None:
+            need(len(self.reward_clip) == 2 and self.reward_clip[0] <= self.reward_clip[1],
+                 f"targets.reward_clip={self.reward_clip} must be [min, max] with min <= max")
+
 
 @dataclass
 class OptimConfig:
@@ -183,6 +206,14 @@ class OptimConfig:
     """Learning rate of the value head (null: `lr`). Applied by scaling the head's AdamW step, so
     the optimizer keeps the one parameter group NeMo-RL expects; follows the same schedule."""
 
+    def __post_init__(self):
+        need(self.lr > 0, f"optim.lr={self.lr} must be > 0")
+        need(0 <= self.min_lr <= self.lr, f"optim.min_lr={self.min_lr} must be in [0, optim.lr]")
+        need(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+             f"optim.betas={self.betas} must be two numbers in [0, 1)")
+        need(self.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+        need(self.head_lr is None or self.head_lr > 0, f"optim.head_lr={self.head_lr} must be > 0 or null")
+
 
 @dataclass
 class StopConfig:
@@ -201,6 +232,13 @@ class StopConfig:
     """Smallest change that counts as an improvement for the plateau rule."""
     mode: Literal["auto", "min", "max"] = "auto"
     """Direction of improvement; `auto`: min for names containing `loss` or `error`, else max."""
+
+    def __post_init__(self):
+        if self.metric is not None:
+            need(self.metric.startswith("val/"),
+                 f"train.stop_when.metric={self.metric!r} must be a validation metric such as val/loss")
+            need(self.patience >= 1, "train.stop_when.patience must be >= 1")
+            need(self.above is None or self.below is None, "train.stop_when: set above or below, not both")
 
 
 @dataclass
@@ -246,6 +284,17 @@ class TrainConfig:
     (targets, model, optimizer schedule, data split and batching). A resume that changes any
     other such key stops; accepted changes are recorded in the checkpoint manifests."""
 
+    def __post_init__(self):
+        need(all(isinstance(t, str) and t for t in self.report_to),
+             f"train.report_to={self.report_to} must be a list of tracker names, e.g. [tensorboard, wandb]")
+        need(self.progress_every_s >= 0, f"train.progress_every_s={self.progress_every_s} must be >= 0")
+        need(self.max_steps > 0, "train.max_steps must be > 0")
+        need(self.grad_accum > 0, "train.grad_accum must be > 0")
+        need(self.grad_clip is None or self.grad_clip > 0, "train.grad_clip must be > 0 or null")
+        need(self.log_every > 0, "train.log_every must be > 0")
+        need(self.freeze_backbone_steps >= 0, "train.freeze_backbone_steps must be >= 0")
+        need(self.collective_timeout_s > 0, "train.collective_timeout_s must be > 0 (seconds)")
+
 
 @dataclass
 class CheckpointConfig:
@@ -267,6 +316,14 @@ class CheckpointConfig:
     """Write `value/optimizer/` (needed to resume; NeMo-RL since PR #4213 ignores it on a
     warm start)."""
 
+    def __post_init__(self):
+        need(self.save_every >= 0, "checkpoint.save_every must be >= 0 (0: save only at the end)")
+        need(self.load_step is None or self.load_step >= 0, "checkpoint.load_step must be >= 0")
+        need(self.keep_last is None or self.keep_last >= 1, "checkpoint.keep_last must be >= 1")
+        need(self.keep_best is None or self.keep_best >= 1, "checkpoint.keep_best must be >= 1")
+        need(self.best_metric.startswith("val:"),
+             f"checkpoint.best_metric={self.best_metric!r} must be a val:<metric> key, e.g. val:loss")
+
 
 @dataclass
 class EvalConfig:
@@ -274,6 +331,9 @@ class EvalConfig:
     """Evaluate on the validation split every this many steps (0: only at the end)."""
     max_tokens: int | None = None
     """Cap on validation tokens per evaluation (None: the whole split)."""
+
+    def __post_init__(self):
+        need(self.every >= 0, "eval.every must be >= 0")
 
 
 @dataclass
@@ -294,290 +354,17 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading
-
-def bundled_configs() -> Path:
-    """The shipped ``configs/`` folder: inside the installed package (a wheel carries it as
-    ``critic_pretrain/configs``), or the checkout's own folder (an editable install)."""
-    here = Path(__file__).resolve().parent
-    return here / "configs" if (here / "configs").is_dir() else here.parent / "configs"
-
-
-def find_config(path: str | os.PathLike) -> Path:
-    """``path`` when it is a file; else the bundled config it names: ``demo``, ``qwen2.5-1.5b.yaml``,
-    ``configs/demo.yaml`` run outside a checkout (a relative path, ``.yaml`` optional)."""
-    p = Path(path)
-    if p.is_file():
-        return p
-    rel = Path(*p.parts[1:]) if p.parts[:1] == ("configs",) else p
-    if not p.is_absolute() and rel.parts:
-        for shipped in (bundled_configs() / rel, bundled_configs() / rel.with_name(rel.name + ".yaml")):
-            if shipped.is_file():
-                return shipped
-    raise UserError(f"{path}: config file not found; pass --config FILE.yaml or a bundled config "
-                    f"({', '.join(bundled_config_names())})")
-
-
-def bundled_config_names() -> list[str]:
-    return sorted(q.stem for q in bundled_configs().glob("*.yaml"))
-
-
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = (),
-                base: dict | None = None) -> Config:
-    """Read a YAML file (a path, or the name of a bundled config: ``demo``) or start from
-    defaults, apply ``key=value`` overrides, validate."""
-    raw: dict = dict(base or {})
-    if path is not None:
-        raw = read_yaml_mapping(find_config(path), missing="config file not found", expected="a mapping of config keys")
-    for item in overrides:
-        apply_override(raw, item)
-    cfg = _build(Config, raw, "")
-    check_values(cfg)
-    return cfg
-
-
-def read_yaml_mapping(path: str | os.PathLike, *, missing: str, expected: str) -> dict:
-    """A YAML file whose top level is a mapping, or a one-line ``UserError`` saying what is wrong."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{path}: {missing}")
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8 YAML") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', None) or e}); fix the file") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected {expected} at the top level")
-    return doc
-
-
-def apply_override(raw: dict, item: str) -> None:
-    """``a.b.c=value`` (value parsed as YAML: numbers, bools, lists, null)."""
-    if "=" not in item:
-        raise UserError(f"override {item!r} is not key=value; e.g. train.max_steps=100")
-    key, _, text = item.partition("=")
-    keys = key.strip().split(".")
-    try:
-        value = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        value = text
-    node = raw
-    for k in keys[:-1]:
-        if not isinstance(node.get(k), dict):
-            node[k] = {}
-        node = node[k]
-    node[keys[-1]] = value
-
-
-def _build(cls, raw: Any, prefix: str):
-    if not isinstance(raw, dict):
-        raise UserError(f"config key '{prefix.rstrip('.')}' must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for k in raw:
-        if k not in names:
-            raise UserError(f"unknown config key '{prefix}{k}'; "
-                            f"{did_you_mean(f'{prefix}{k}', (prefix + n for n in names))}")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in raw:
-            continue
-        t = hints[f.name]
-        if dataclasses.is_dataclass(t):
-            kwargs[f.name] = _build(t, raw[f.name] if raw[f.name] is not None else {}, f"{prefix}{f.name}.")
-        else:
-            kwargs[f.name] = _coerce(raw[f.name], t, f"{prefix}{f.name}")
-    return cls(**kwargs)
-
-
-def _coerce(value: Any, t: Any, key: str) -> Any:
-    origin, args = typing.get_origin(t), typing.get_args(t)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except UserError as e:
-                errors.append(e)
-        raise errors[0]
-    if origin is Literal:
-        if isinstance(value, bool):  # YAML 1.1 reads no/off as False and yes/on as True
-            value = next((a for a in (("yes", "on", "true") if value else ("no", "off", "false")) if a in args), value)
-        if value not in args:
-            raise UserError(f"config key '{key}' is {value!r}; use one of: {', '.join(map(str, args))}")
-        return value
-    if dataclasses.is_dataclass(t):
-        return _build(t, value if value is not None else {}, f"{key}.")
-    if origin is list:
-        if isinstance(value, (str, int, float)) and args and args[0] is str:
-            value = [value]  # data.train=path is a one-item list
-        if not isinstance(value, list):
-            raise UserError(f"config key '{key}' must be a list, got {value!r}")
-        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value
-    if origin is dict or t is dict:
-        if not isinstance(value, dict):
-            raise UserError(f"config key '{key}' must be a mapping, got {value!r}")
-        return value
-    if t is bool:
-        if isinstance(value, bool):
-            return value
-        raise UserError(f"config key '{key}' must be true or false, got {value!r}")
-    if t is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise UserError(f"config key '{key}' must be an integer, got {value!r}")
-    if t is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads 1e-5 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise UserError(f"config key '{key}' must be a number, got {value!r}")
-    if t is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise UserError(f"config key '{key}' must be a string, got {value!r}")
-    if t is Any:
-        return value
-    raise TypeError(f"unsupported config type {t} for {key}")
-
-
 def check_values(cfg: Config) -> None:
-    """Range and consistency checks; each failure names the key and what to do."""
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise UserError(msg)
-
+    """What a run needs beyond each section's own ranges (checked in its ``__post_init__``):
+    an output folder, rollouts and a model."""
     need(bool(cfg.output_dir), "output_dir is empty; set output_dir=runs/<name>")
     need(bool(cfg.data.train or cfg.data.sources),
          "data.train is empty; set data.train=[path/to/rollouts] (files, folders or globs) or data.sources")
-    for i, src in enumerate(cfg.data.sources):
-        key = f"data.sources[{i}]"
-        need(bool(src.paths), f"{key}.paths is empty; give files, folders or globs")
-        need(src.weight >= 0, f"{key}.weight={src.weight} must be >= 0")
-        for name in ("policy_version", "reward"):
-            rng = getattr(src, name)
-            need(rng is None or (len(rng) == 2 and rng[0] <= rng[1]), f"{key}.{name}={rng} must be [min, max]")
-    need(0.0 <= cfg.data.max_bad_fraction <= 1.0, "data.max_bad_fraction must be in [0, 1]")
-    need(0.0 <= cfg.data.val_fraction < 1.0, f"data.val_fraction={cfg.data.val_fraction} must be in [0, 1)")
-    need(cfg.data.max_tokens > 0, "data.max_tokens must be > 0 (tokens per micro-batch)")
-    if cfg.data.max_length is not None:
-        need(0 < cfg.data.max_length <= cfg.data.max_tokens,
-             f"data.max_length={cfg.data.max_length} must be in (0, data.max_tokens={cfg.data.max_tokens}]: "
-             "a rollout must fit into one micro-batch")
-    need(all(isinstance(t, str) and t for t in cfg.train.report_to),
-         f"train.report_to={cfg.train.report_to} must be a list of tracker names, e.g. [tensorboard, wandb]")
-    need(cfg.train.progress_every_s >= 0, f"train.progress_every_s={cfg.train.progress_every_s} must be >= 0")
-    need(cfg.data.recency_half_life is None or cfg.data.recency_half_life > 0,
-         f"data.recency_half_life={cfg.data.recency_half_life} must be > 0 (policy versions), or null for no "
-         "recency weighting")
-    need(0.0 < cfg.targets.gamma <= 1.0, f"targets.gamma={cfg.targets.gamma} must be in (0, 1]")
-    need(0.0 <= cfg.targets.lam <= 1.0, f"targets.lam={cfg.targets.lam} must be in [0, 1]")
-    need(cfg.targets.lam == 1.0 or cfg.targets.values_from != "none",
-         f"targets.lam={cfg.targets.lam} < 1 needs bootstrap values; set targets.values_from=data "
-         "(the rollouts' `values` column), targets.values_from=critic (its own predictions) or targets.lam=1.0")
-    if cfg.targets.reward_clip is not None:
-        need(len(cfg.targets.reward_clip) == 2 and cfg.targets.reward_clip[0] <= cfg.targets.reward_clip[1],
-             f"targets.reward_clip={cfg.targets.reward_clip} must be [min, max] with min <= max")
-    need(cfg.optim.lr > 0, f"optim.lr={cfg.optim.lr} must be > 0")
-    need(0 <= cfg.optim.min_lr <= cfg.optim.lr, f"optim.min_lr={cfg.optim.min_lr} must be in [0, optim.lr]")
-    need(len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),
-         f"optim.betas={cfg.optim.betas} must be two numbers in [0, 1)")
-    need(cfg.optim.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
-    need(cfg.train.max_steps > 0, "train.max_steps must be > 0")
-    need(cfg.train.grad_accum > 0, "train.grad_accum must be > 0")
-    need(cfg.train.grad_clip is None or cfg.train.grad_clip > 0, "train.grad_clip must be > 0 or null")
-    need(cfg.train.log_every > 0, "train.log_every must be > 0")
-    need(cfg.train.freeze_backbone_steps >= 0, "train.freeze_backbone_steps must be >= 0")
-    need(cfg.optim.head_lr is None or cfg.optim.head_lr > 0, f"optim.head_lr={cfg.optim.head_lr} must be > 0 or null")
-    need(cfg.train.collective_timeout_s > 0, "train.collective_timeout_s must be > 0 (seconds)")
-    need(cfg.checkpoint.save_every >= 0, "checkpoint.save_every must be >= 0 (0: save only at the end)")
-    need(cfg.checkpoint.load_step is None or cfg.checkpoint.load_step >= 0, "checkpoint.load_step must be >= 0")
-    need(cfg.checkpoint.keep_last is None or cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last must be >= 1")
-    need(cfg.checkpoint.keep_best is None or cfg.checkpoint.keep_best >= 1, "checkpoint.keep_best must be >= 1")
-    need(cfg.checkpoint.best_metric.startswith("val:"),
-         f"checkpoint.best_metric={cfg.checkpoint.best_metric!r} must be a val:<metric> key, e.g. val:loss")
-    stop = cfg.train.stop_when
-    if stop.metric is not None:
-        need(stop.metric.startswith("val/"),
-             f"train.stop_when.metric={stop.metric!r} must be a validation metric such as val/loss")
-        need(stop.patience >= 1, "train.stop_when.patience must be >= 1")
-        need(stop.above is None or stop.below is None, "train.stop_when: set above or below, not both")
-    need(cfg.eval.every >= 0, "eval.every must be >= 0")
-    need(cfg.data.num_workers is None or cfg.data.num_workers >= 0, "data.num_workers must be >= 0")
     need(cfg.model.name_or_path or cfg.model.config,
          "no model: set model.name_or_path=<local folder or hub id> or model.config (random init)")
-    if cfg.model.name_or_path is None and cfg.model.config is not None:
-        need("model_type" in cfg.model.config, "model.config needs model_type (e.g. qwen2, llama) for random init")
-    need(cfg.model.init_from == "backbone" or cfg.model.name_or_path,
-         "model.init_from=reward_model needs model.name_or_path pointing at the reward model")
 
 
-# ---------------------------------------------------------------------------------------------
-# Reference text from the field docstrings
-
-def field_docs(cls) -> dict[str, str]:
-    """Attribute docstrings of a dataclass (the string literal under each field)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def describe(cls=Config, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, str]]:
-    """(key, default, doc) for every leaf config key."""
-    defaults = defaults if defaults is not None else cls()
-    docs = field_docs(cls)
-    rows = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        value = getattr(defaults, f.name)
-        item = (typing.get_args(hints[f.name]) or [None])[0]
-        if dataclasses.is_dataclass(value):
-            rows += describe(type(value), f"{prefix}{f.name}.", value)
-        elif typing.get_origin(hints[f.name]) is list and dataclasses.is_dataclass(item):
-            rows.append((f"{prefix}{f.name}", "[]", docs.get(f.name, "")))
-            rows += describe(item, f"{prefix}{f.name}[].", item())
-        else:
-            rows.append((f"{prefix}{f.name}", yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("..."
-                                                                                                              ).strip(),
-                         docs.get(f.name, "")))
-    return rows
-
-
-def reference_markdown() -> str:
-    """docs/config.md: every key, its default and its docstring (kept in sync by a test)."""
-    lines = ["# Run configuration reference", "",
-             "Generated from the dataclasses in `critic_pretrain/config.py` "
-             "(`python -m critic_pretrain.config > docs/config.md`). Set keys in a YAML file "
-             "(`--config configs/x.yaml`) or as dotted overrides (`optim.lr=1e-5`)."]
-    section = None
-    for key, default, doc in describe():
-        head = key.split(".")[0] if "." in key else "top level"
-        if head != section:
-            section = head
-            lines += ["", f"## {section}", "", "| key | default | meaning |", "|---|---|---|"]
-        lines.append(f"| `{key}` | `{default}` | {doc.replace('|', '/')} |")
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(reference_markdown(), end="")
+def need(ok: bool, msg: str) -> None:
+    """A config check: ``msg`` (the key, its value and the fix) as a one-line UserError."""
+    if not ok:
+        raise UserError(msg)

@@ -38,7 +38,8 @@ import yaml
 
 from rollouts import fileio
 
-from .config import Config, bundled_config_names, find_config, load_config, read_yaml_mapping
+from .config import Config
+from .config_io import bundled_config_names, find_config, load_config, read_yaml_mapping
 from .errors import UserError, did_you_mean
 from .selection import best
 

@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .config import load_config
+    from .config_io import load_config
     from .errors import UserError
     args = build_parser().parse_args(argv)
     if args.world < 1 or args.gpu_gb <= 0:

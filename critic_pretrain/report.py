@@ -99,7 +99,7 @@ def _target_kinds(run_dir: Path) -> tuple[str, str]:
     try:
         targets = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("targets") or {}
         return TargetsConfig(**targets).kinds()
-    except (OSError, yaml.YAMLError, TypeError, AttributeError):
+    except (OSError, yaml.YAMLError, TypeError, AttributeError, UserError):
         return RunData.kinds
 
 

@@ -170,7 +170,7 @@ def test_cold_critic_is_the_step_0_model(synth_file: Path, tmp_path: Path, capsy
     (backbone frozen, head learning rate 1e-30) saves exactly that model."""
     from critic_pretrain import checkpoint as ckpt
     from critic_pretrain import cli
-    from critic_pretrain.config import load_config
+    from critic_pretrain.config_io import load_config
     from critic_pretrain.eval import checkpoint_model_config, cold_critic
 
     out = tmp_path / "run"

@@ -26,7 +26,8 @@ from conftest import tiny_overrides, toy_rows
 from transformers import AutoModelForTokenClassification
 
 from critic_pretrain import attention
-from critic_pretrain.config import ModelConfig, load_config
+from critic_pretrain.config import ModelConfig
+from critic_pretrain.config_io import load_config
 from critic_pretrain.model import SUPPORTED_FAMILIES, build_value_model, token_values
 
 W = 12  # sliding window: most toy rollouts are 2-5x longer

@@ -9,12 +9,13 @@ import pytest
 from conftest import ROOT
 
 from critic_pretrain.checkpoint.resume import refused_changes, run_changes
-from critic_pretrain.config import Config, load_config
+from critic_pretrain.config import Config
+from critic_pretrain.config_io import load_config
 from critic_pretrain.errors import UserError
 
 
 def test_config_overrides_and_errors(tmp_path):
-    from critic_pretrain.config import describe
+    from critic_pretrain.config_io import describe
     from critic_pretrain.errors import UserError
 
     cfg = load_config("configs/demo.yaml", ["train.max_steps=7", "data.train=a", "optim.lr=1e-3"])
@@ -39,9 +40,9 @@ def test_config_overrides_and_errors(tmp_path):
     for path in sorted((ROOT / "configs").glob("*.yaml")):  # every shipped recipe loads
         needs_model = "name_or_path: null" in path.read_text()  # smollm2-135m: a local folder, set at run time
         load_config(path, ["data.train=x"] + (["model.name_or_path=/models/x"] if needs_model else []))
-    from critic_pretrain.config import reference_markdown
+    from critic_pretrain.config_io import reference_markdown
     assert (ROOT / "docs" / "config.md").read_text() == reference_markdown(), \
-        "docs/config.md is stale: python -m critic_pretrain.config > docs/config.md"
+        "docs/config.md is stale: python -m critic_pretrain.config_io > docs/config.md"
 
 
 def test_recipes_configure_what_their_header_promises():
@@ -58,7 +59,7 @@ def test_recipes_configure_what_their_header_promises():
 def test_bundled_configs_by_name(tmp_path, monkeypatch):
     """`--config demo` (and configs/demo.yaml outside a checkout) name the shipped configs; a
     missing file names them."""
-    from critic_pretrain.config import find_config
+    from critic_pretrain.config_io import find_config
     monkeypatch.chdir(tmp_path)
     assert find_config("demo") == find_config("configs/demo.yaml") == ROOT / "configs" / "demo.yaml"
     assert find_config("configs/accelerate/ddp.yaml") == ROOT / "configs" / "accelerate" / "ddp.yaml"

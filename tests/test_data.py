@@ -13,7 +13,8 @@ import torch
 from conftest import TINY_MODEL, tiny_overrides, toy_rows, train_main
 
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain.config import DataConfig, ModelConfig, SourceConfig, TargetsConfig, load_config
+from critic_pretrain.config import DataConfig, ModelConfig, SourceConfig, TargetsConfig
+from critic_pretrain.config_io import load_config
 from critic_pretrain.data import (
     Layout,
     RolloutStore,

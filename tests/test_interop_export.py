@@ -46,7 +46,7 @@ from transformers import (
 
 from critic_pretrain import checkpoint as ckpt
 from critic_pretrain.cli import main as cli_main
-from critic_pretrain.config import load_config
+from critic_pretrain.config_io import load_config
 from critic_pretrain.interop.check import check_seed
 from critic_pretrain.interop.export import export
 from critic_pretrain.model import build_value_model, token_values

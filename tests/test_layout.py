@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the trainer
     ("critic_pretrain", "critic_pretrain.errors", "critic_pretrain.faults", "critic_pretrain.configs"),
     ("critic_pretrain.config",),
+    ("critic_pretrain.config_io",),
     ("critic_pretrain.targets", "critic_pretrain.packed", "critic_pretrain.selection"),
     ("critic_pretrain.metrics",),
     ("critic_pretrain.data",),
@@ -107,3 +108,24 @@ def test_no_module_over_600_lines(top):
     long = {str(p.relative_to(ROOT)): n for p in (ROOT / top).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these modules along their seams (over {MAX_LINES} lines): {long}"
+
+
+MAX_FUNCTION_LINES = 60
+REASON = "# long: "
+"""A function may be longer when its ``def`` line (or the line above it) gives a one-line reason."""
+
+
+def test_no_function_over_60_lines_without_a_reason():
+    long = []
+    for path in sources():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            n = node.end_lineno - start + 1
+            marked = any(REASON in lines[i - 1] for i in (start - 1, node.lineno) if i >= 1)
+            if n > MAX_FUNCTION_LINES and not marked:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, (f"split these functions, or give a one-line reason ({REASON!r} on the def line or above it):\n"
+                      + "\n".join(long))

@@ -93,7 +93,7 @@ def test_fsdp2_trains_evaluates_saves_and_matches_one_process(fsdp, one):
 
 def test_fsdp2_optimizer_loads_into_a_single_process_adamw(fsdp, one):
     """The sharded DCP optimizer, resharded into one process, equals one process's own state."""
-    from critic_pretrain.config import load_config
+    from critic_pretrain.config_io import load_config
     from critic_pretrain.model import build_value_model
     from critic_pretrain.optim import build_optimizer, build_scheduler
     cfg = load_config(ckpt.StepPaths(fsdp / "step_6").config_yaml)

@@ -9,7 +9,7 @@ import torch
 from conftest import TINY_MODEL
 
 from critic_pretrain import plan as planning
-from critic_pretrain.config import load_config
+from critic_pretrain.config_io import load_config
 from critic_pretrain.model import build_value_model, enable_checkpointing, token_values
 from critic_pretrain.optim import build_optimizer
 

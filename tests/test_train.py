@@ -95,7 +95,7 @@ def test_checkpoint_tree(straight):
 def test_weights_load_strictly_into_fresh_model_and_reproduce_values(straight, toy_data):
     from transformers import AutoConfig, AutoModelForTokenClassification
 
-    from critic_pretrain.config import load_config
+    from critic_pretrain.config_io import load_config
     from critic_pretrain.data import RolloutStore, collate_packed
     from critic_pretrain.model import build_value_model, token_values
 
@@ -120,7 +120,7 @@ def test_optimizer_loads_into_fresh_adamw_and_scheduler(straight, toy_data):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-    from critic_pretrain.config import load_config
+    from critic_pretrain.config_io import load_config
     from critic_pretrain.model import build_value_model
     from critic_pretrain.optim import build_optimizer, build_scheduler
 
@@ -307,7 +307,7 @@ def test_head_lr_scales_the_head_step_and_keeps_one_param_group(toy_data, tmp_pa
     import numpy as np
     from accelerate import Accelerator
 
-    from critic_pretrain.config import load_config
+    from critic_pretrain.config_io import load_config
     from critic_pretrain.data import RolloutStore, collate_packed, prepare_store
     from critic_pretrain.model import build_value_model
     from critic_pretrain.optim import build_optimizer, build_scheduler
@@ -343,7 +343,7 @@ def test_td_lambda_from_the_critic_trains_on_its_own_bootstrapped_targets(toy_da
     from conftest import train_main
     from reference_gae import reference_gae
 
-    from critic_pretrain.config import load_config
+    from critic_pretrain.config_io import load_config
     from critic_pretrain.data import collate_packed, prepare_store
     from critic_pretrain.metrics import read_metrics
     from critic_pretrain.model import build_value_model, token_values

@@ -12,7 +12,7 @@ import argparse
 import contextlib
 import logging
 
-from ..config import describe, load_config
+from ..config_io import describe, load_config
 from ..errors import UserError
 from ..interop.check import check_seed, print_report
 from ..train import EXIT_INTERRUPTED, Preemption, Run, setup, train_loop

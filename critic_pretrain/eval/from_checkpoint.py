@@ -122,8 +122,8 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     a temporary folder, removed afterwards). ``cold_every``: score the step-0 model (``cold``
     advantage estimator) on every n-th micro-batch; 0 skips it.
     """
-    from ..config import load_config
-    from ..data import build_train_data, max_length_of, prepare_store
+    from ..config_io import load_config
+    from ..data import max_length_of
     from ..model import position_limit
 
     step_dir = checked_step_dir(str(step_dir))
@@ -140,22 +140,8 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     t0 = time.perf_counter()
     manifest = ckpt.StepPaths(step_dir).read_manifest() or {}
     with contextlib.ExitStack() as stack:
-        if rollouts:
-            preflight.check_rollouts_tokenizer(list(rollouts), manifest.get("tokenizer"),
-                                               "evaluate on rollouts of the critic's own tokenizer")
-            where = cache_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="critic-eval-"))
-            store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval", vocab_size=vocab_size)
-            indices, split = np.arange(len(store)), "all rows"
-        else:
-            run_cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else step_dir.parent / "data_cache"
-            data = build_train_data(cfg.data, cfg.targets, run_cache, main_first=contextlib.nullcontext,
-                                    progress=False, model_limit=model_limit, vocab_size=vocab_size)
-            store, indices, split = data.val, data.val_idx, "validation split of the run"
-            if len(indices) == 0:
-                raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "
-                                "pass --rollouts PATH to evaluate on other rollouts")
-            preflight.check_split_unchanged(step_dir, manifest, cfg, len(data.train_idx), len(indices),
-                                            fix="pass --rollouts PATH with rollouts it never trained on")
+        store, indices, split = _rows_to_evaluate(step_dir, cfg, manifest, rollouts, cache_dir, stack,
+                                                  model_limit=model_limit, vocab_size=vocab_size)
         model = load_checkpoint_model(step_dir, cfg, dev, configs=configs)
         cold, cold_how = None, "off (--cold-every 0)"
         if cold_every and store.has_oracle:
@@ -174,6 +160,28 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
         "cold_critic": {"built": cold_how, "every": cold_every} if store.has_oracle else None,
         "device": str(dev), "seconds": round(time.perf_counter() - t0, 2),
     }
+
+
+def _rows_to_evaluate(step_dir: Path, cfg, manifest: dict, rollouts: list[str] | None, cache_dir, stack, *,
+                      model_limit: int | None, vocab_size: int):
+    """(store, row indices, what they are): other rollouts (checked for the critic's tokenizer,
+    prepared in ``cache_dir`` or a temporary folder), else the run's own validation split."""
+    from ..data import build_train_data, prepare_store
+    if rollouts:
+        preflight.check_rollouts_tokenizer(list(rollouts), manifest.get("tokenizer"),
+                                           "evaluate on rollouts of the critic's own tokenizer")
+        where = cache_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="critic-eval-"))
+        store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval", vocab_size=vocab_size)
+        return store, np.arange(len(store)), "all rows"
+    run_cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else step_dir.parent / "data_cache"
+    data = build_train_data(cfg.data, cfg.targets, run_cache, main_first=contextlib.nullcontext,
+                            progress=False, model_limit=model_limit, vocab_size=vocab_size)
+    if len(data.val_idx) == 0:
+        raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "
+                        "pass --rollouts PATH to evaluate on other rollouts")
+    preflight.check_split_unchanged(step_dir, manifest, cfg, len(data.train_idx), len(data.val_idx),
+                                    fix="pass --rollouts PATH with rollouts it never trained on")
+    return data.val, data.val_idx, "validation split of the run"
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:

@@ -306,6 +306,7 @@ class SynthEnv:
         """Probability of a good action at each difficulty."""
         return np.linspace(self.params.p_good_easy, self.params.p_good_hard, N_DIFFICULTY)
 
+    # long: the chain's edges, one segment of a rollout after another (prompt, turns, env, answer, grader)
     def _build(self, scale: float) -> _Chain:
         p = self.params
         ch = _Chain()
