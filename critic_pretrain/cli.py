@@ -22,11 +22,11 @@ from rollouts.cli import run_command
 COMMANDS = {
     "train": ("critic_pretrain.commands.train", "train a value model: --config FILE [key=value ...]"),
     "demo": (None, "train the tiny default on the bundled sample rollouts (configs/demo.yaml)"),
-    "eval": ("critic_pretrain.eval.from_checkpoint", "evaluate a checkpoint on any rollouts and write JSON"),
-    "report": ("critic_pretrain.report", "PNG plots and a summary of one or more runs"),
-    "export": ("critic_pretrain.interop.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
-    "seed": ("critic_pretrain.interop.check", "check a seed before a PPO run loads it: seed check PATH"),
-    "plan": ("critic_pretrain.plan", "memory per GPU under DDP and FSDP2, and the largest data.max_tokens that fits"),
+    "eval": ("critic_pretrain.commands.eval", "evaluate a checkpoint on any rollouts and write JSON"),
+    "report": ("critic_pretrain.commands.report", "PNG plots and a summary of one or more runs"),
+    "export": ("critic_pretrain.commands.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
+    "seed": ("critic_pretrain.commands.seed", "check a seed before a PPO run loads it: seed check PATH"),
+    "plan": ("critic_pretrain.commands.plan", "memory per GPU under DDP and FSDP2, and the largest data.max_tokens that fits"),
     "bench": ("critic_pretrain.bench", "throughput benchmark: ours vs a plain padded loop"),
     "batch": ("critic_pretrain.commands.batch", "run several train jobs from a JOBS.yaml, resumable, with a summary"),
 }

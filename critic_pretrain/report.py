@@ -26,7 +26,6 @@ canvas when saved), so the notebook can display the very same figures inline.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -537,24 +536,3 @@ def write_report(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
     fileio.write_text(out / "report.md", f"{text}\n## Figures\n\n{images}\n")
     written.append(out / "report.md")
     return written, text
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="critic-pretrain report",
-                                description="PNG plots and a summary (report.md) of one or more runs, overlaid.")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="output_dir of a run (holds metrics.jsonl)")
-    p.add_argument("--out", metavar="DIR", help="output folder (default: <first RUN_DIR>/report)")
-    p.add_argument("--no-eval", action="store_true",
-                   help="do not evaluate a checkpoint for the calibration plot (use a cached eval JSON only)")
-    p.add_argument("--eval", dest="eval_jsons", action="append", default=[], metavar="FILE.json",
-                   help="also plot the calibration of this `critic-pretrain eval` output (repeatable)")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
-    written, text = write_report(args.run_dirs, out, evaluate=not args.no_eval, eval_jsons=args.eval_jsons)
-    print(text)
-    print(f"wrote {len(written)} files to {out}")
-    return 0

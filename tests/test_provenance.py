@@ -107,7 +107,7 @@ def test_nemo_rl_dump_at_both_scales_from_convert_to_seed_check(tmp_path, capsys
     assert report.facts["targets"]["reward_scale"] == 2.0 and report.facts["targets"]["reward_shift"] == -1.0
 
     # the paste-in block: NeMo-RL's reward_scaling as the critic saw it, not "raw rewards"
-    from critic_pretrain.interop.check import print_report
+    from critic_pretrain.commands.seed import print_report
     capsys.readouterr()
     print_report(check_seed(step))
     out = capsys.readouterr().out

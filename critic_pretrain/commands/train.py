@@ -14,9 +14,10 @@ import logging
 
 from ..config_io import describe, load_config
 from ..errors import UserError
-from ..interop.check import check_seed, print_report
+from ..interop.check import check_seed
 from ..train import EXIT_INTERRUPTED, Preemption, Run, setup, train_loop
 from ..train import __doc__ as TRAIN_DOC
+from .seed import print_report
 
 log = logging.getLogger("critic_pretrain")
 

@@ -27,8 +27,6 @@ checked too when ``--for verl|openrlhf|trl`` is given.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import math
 import re
@@ -43,7 +41,7 @@ from .. import checkpoint as ckpt
 from .. import preflight
 from ..errors import UserError, closest, first_line
 from .frameworks import BIASED_TARGETS, HEAD, TARGETS, target_std
-from .seed_report import SeedReport, print_report
+from .seed_report import SeedReport
 from .seed_weights import (
     add_weight_facts,
     check_finite,
@@ -451,44 +449,6 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
 
 # ---------------------------------------------------------------------------------------------
 # CLI
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="critic-pretrain seed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    check = sub.add_parser("check", help="check a seed before a PPO run loads it",
-                           description="Check that a critic seed loads correctly into the PPO framework (keys, "
-                                       "shapes, head, finite weights, optimizer, training info) and print the config "
-                                       "lines to paste; optionally score it on the current policy's rollouts.")
-    check.add_argument("path", help="the step_<n> folder (or, with --for verl|openrlhf|trl, an exported folder)")
-    check.add_argument("--for", dest="target", choices=TARGETS, default="nemo-rl",
-                       help="the framework that will load it (default: nemo-rl)")
-    check.add_argument("--model-config", help="the PPO model's folder or config.json: its hidden size, vocabulary "
-                                              "and layers must match the seed")
-    check.add_argument("--rollouts", nargs="+", metavar="PATH",
-                       help="fresh rollouts of the PPO run's current policy: fail when the critic is no better there "
-                            "than the group-mean baseline (with oracle_values: its lambda-0.95 advantage correlation "
-                            "at turn-first tokens against the group mean held as the value; otherwise: its explained "
-                            "variance against the leave-one-out group mean's)")
-    check.add_argument("--ppo-config", metavar="FILE",
-                       help="the PPO run's config: a NeMo-RL or verl YAML, verl key=value overrides, or an OpenRLHF "
-                            "command line in a file; fails on a gamma or reward-scale mismatch, warns on lambda, "
-                            "reward shaping/normalisation and context length, checks its critic model's architecture")
-    check.add_argument("--legacy-nemo-rl", action="store_true",
-                       help="also check what NeMo-RL before PR #4213 does with the optimizer state (its lr and "
-                            "scheduler class); the current NeMo-RL warm-starts from the weights only")
-    check.add_argument("--json", action="store_true", help="print the report as JSON")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    report = check_seed(args.path, args.target, args.model_config, rollouts=args.rollouts,
-                        legacy_nemo_rl=args.legacy_nemo_rl, ppo_config=args.ppo_config)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
-        return 0 if report.ok else 1
-    return print_report(report)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 from rollouts.provenance import RewardsLogged
 from rollouts.tokenizer import describe as describe_tokenizer
 
-from .frameworks import FRAMEWORKS, config_lines, describe_head, describe_optimizer, describe_targets
+from .frameworks import FRAMEWORKS, describe_head, describe_optimizer, describe_targets
 
 log = logging.getLogger(__name__)
 
@@ -102,25 +101,3 @@ class SeedReport:
                             else ""))
         lines.append(f"  {self.target} needs: {FRAMEWORKS[self.target].needs}")
         return "\n".join(lines)
-
-
-def print_report(report: SeedReport) -> int:
-    """Print a seed check the way the CLI does (problems and warnings to stderr, then the
-    summary and the config lines to paste); 0 when the seed is usable, else 1."""
-    for problem in report.problems:
-        print(f"error: {problem}", file=sys.stderr)
-    for warning in report.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    if not report.ok:
-        print(report.summary(), file=sys.stderr)
-        return 1
-    print(report.summary())
-    if report.kind == "step" and report.target != "nemo-rl":
-        print(f"\n# next: critic-pretrain export {report.path} --format "
-              f"{FRAMEWORKS[report.target].export_format} --out <dir>, then check <dir> with --for {report.target}")
-        return 0
-    opt = report.facts.get("optimizer")
-    sched = None if not opt else ("sequential" if opt["scheduler"].startswith("SequentialLR") else "lambda")
-    print()
-    print("\n".join(config_lines(report.target, report.path, report.facts, scheduler=sched)))
-    return 0
