@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rollouts.paths import archive_folder
 from rollouts.provenance import RewardsLogged, rewards_logged
@@ -18,6 +19,9 @@ from rollouts.tokenizer import recorded as tokenizer_recorded
 
 from .config import Config
 from .errors import UserError, closest
+
+if TYPE_CHECKING:
+    from .checkpoint import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +101,12 @@ def check_metric_names(cfg: Config, logged: set[str]) -> None:
 RESUME_FIX = "use a new output_dir, or continue on the new split with data.allow_changes=true"
 
 
-def check_split_unchanged(step_dir: Path, manifest: dict | None, cfg: Config, train_rows: int, val_rows: int,
+def check_split_unchanged(step_dir: Path, manifest: Manifest | None, cfg: Config, train_rows: int, val_rows: int,
                           fix: str = RESUME_FIX) -> None:
     """The rows a checkpoint trained and validated on must stay put: a resume would otherwise
     continue on another data set, and ``eval`` would call trained-on rollouts held out (runs
     from before the split held out at least one prompt had none)."""
-    data = (manifest or {}).get("data") or {}
-    before = (data.get("train_rows"), data.get("val_rows"))
+    before = manifest.split if manifest is not None else (None, None)
     if None in before or before == (train_rows, val_rows) or (cfg.data.allow_changes and fix is RESUME_FIX):
         return
     raise UserError(f"{step_dir.name} trained on {before[0]} rollouts with {before[1]} for validation, the split now "

@@ -39,7 +39,7 @@ from critic_pretrain.data import (
     plan_epoch,
     step_batches,
 )
-from critic_pretrain.errors import UserError, first_line
+from critic_pretrain.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, UserError, first_line
 from critic_pretrain.eval import evaluate
 from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read_metrics, summarize, value_sums
 from critic_pretrain.model import (
@@ -110,13 +110,6 @@ class Run:
 
     def reduce(self, t: torch.Tensor) -> torch.Tensor:
         return self.accelerator.reduce(t, "sum")
-
-
-EXIT_PREEMPTED = 75
-"""Saved and stopped on SIGTERM / SIGUSR1: re-run (requeue) the same command to continue
-(EX_TEMPFAIL, as ``critic-pretrain batch`` uses it)."""
-EXIT_INTERRUPTED = 130
-"""Saved and stopped on Ctrl-C (SIGINT), or aborted by a second Ctrl-C (128 + SIGINT)."""
 
 
 class Preemption:
@@ -251,7 +244,7 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     log.info("data: %s", data.describe())
     preflight.check_validation_needs(cfg, len(data.val_idx))
     if resume_dir is not None:
-        preflight.check_split_unchanged(resume_dir, ckpt.StepPaths(resume_dir).read_manifest(), cfg,
+        preflight.check_split_unchanged(resume_dir, ckpt.Manifest.read(resume_dir), cfg,
                                         len(data.train_idx), len(data.val_idx))
     if not plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
@@ -520,22 +513,9 @@ def save(run: Run, step: int) -> None:
     info = {"total_steps": step, "current_step": state.step_in_epoch, "current_epoch": state.epoch,
             "consumed_samples": state.consumed_samples, "total_valid_tokens": state.total_valid_tokens,
             **{f"val:{k.split('/', 1)[1]}": v for k, v in run.last_val.items()}}
-    manifest = {
-        "kind": "critic_pretrain.value_checkpoint", "max_steps": cfg.train.max_steps,
-        "targets": {**vars(cfg.targets), "definition": "GAE returns A_t + V_t over policy tokens with NeMo-RL "
-                    "carry-forward masking; lam=1 without values is the Monte-Carlo return"},
-        "value_alignment": "value[t] = head(hidden[t-1]); value[0] = 0",
-        "model": {"class": type(raw).__name__, "name_or_path": cfg.model.name_or_path,
-                  "head_bias": cfg.model.head_bias, "parameters": count_parameters(raw)},
-        "data": {"files": run.data.train.files, "train_rows": len(run.data.train_idx),
-                 "val_rows": len(run.data.val_idx), "stats": vars(run.data.train.stats),
-                 "sources": run.data.train.meta["sources"], "changes": run.data_changes,
-                 "rewards": {"logged": run.rewards_logged.to_dict() if run.rewards_logged else None,
-                             "min": run.data.train.stats.reward_min, "max": run.data.train.stats.reward_max}},
-        "config_changes": run.config_changes,
-        "tokenizer": run.tokenizer_fingerprint,
-        "world_size": run.layout.world, "versions": ckpt.library_versions(),
-    }
+    manifest = ckpt.build_manifest(cfg, model=raw, data=run.data, rewards_logged=run.rewards_logged,
+                                   data_changes=run.data_changes, config_changes=run.config_changes,
+                                   tokenizer=run.tokenizer_fingerprint, world_size=run.layout.world)
     try:
         _save_checkpoint(run, step, raw, info, manifest)
     except RuntimeError as e:  # a collective broke: another rank failed its part of the save

@@ -57,8 +57,7 @@ def test_rollouts_without_policy_tokens_are_left_out_and_counted(tmp_path, capfd
     assert train_main(over) == 0
     line = data_line(capfd)
     assert "45 training rollouts" in line and "left out: 15 with no policy token within max_length" in line
-    manifest = ckpt.StepPaths(tmp_path / "run" / "step_2").read_manifest()
-    assert manifest["data"]["train_rows"] == 45
+    assert ckpt.Manifest.read(tmp_path / "run" / "step_2").split[0] == 45
 
 
 def test_a_diverged_loss_stops_the_run_and_saves_nothing_after_it(toy_data, tmp_path, capsys):

@@ -54,7 +54,7 @@ def test_two_training_steps_on_the_real_sample(smollm2, tmp_path):
     step = out / "step_2"
     report = check_seed(step)
     assert report.ok, report.problems
-    manifest = ckpt.StepPaths(step).read_manifest()
+    manifest = ckpt.Manifest.read(step)
     recorded = json.loads((SAMPLE / "_rollouts.json").read_text())
-    assert manifest["tokenizer"] == recorded["tokenizer"] and manifest["model"]["class"] == "LlamaForTokenClassification"
-    assert manifest["data"]["rewards"]["logged"]["stated_by"].startswith("examples/smollm2/task.py")
+    assert manifest.tokenizer == recorded["tokenizer"] and manifest.raw["model"]["class"] == "LlamaForTokenClassification"
+    assert manifest.rewards["logged"]["stated_by"].startswith("examples/smollm2/task.py")

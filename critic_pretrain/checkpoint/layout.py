@@ -122,9 +122,6 @@ class StepPaths:
         return self.resume_dir / f"rng_rank{rank}.safetensors"
 
     # readers (None when the file is missing or unreadable)
-    def read_manifest(self) -> dict | None:
-        return fileio.read_json(self.manifest)
-
     def read_training_info(self) -> dict | None:
         return fileio.read_json(self.training_info)
 

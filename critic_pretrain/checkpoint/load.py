@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
 import torch
@@ -55,13 +54,3 @@ def load_resume_state(step_dir: Path, rank: int) -> tuple[dict, dict | None]:
     return state, (load_rng_state(rng_file) if rng_file.is_file() else None)  # older pickled .pt: not loaded
 
 
-def library_versions() -> dict[str, str]:
-    import accelerate
-    import pyarrow
-    import safetensors
-    import transformers
-
-    from .. import __version__
-    return {"critic_pretrain": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__, "safetensors": safetensors.__version__,
-            "pyarrow": pyarrow.__version__, "python": sys.version.split()[0]}

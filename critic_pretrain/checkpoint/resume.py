@@ -18,6 +18,7 @@ from ..config import Config
 from ..data import Layout, file_manifest, source_files
 from ..errors import UserError
 from .layout import StepPaths, step_number
+from .manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
     if old is None:
         raise UserError(f"{paths.config_yaml} cannot be read; resume from another step (checkpoint.load_step=N) "
                         "or use a new output_dir")
-    history = list((paths.read_manifest() or {}).get("config_changes", []))
+    manifest = Manifest.read(step_dir)
+    history = manifest.config_changes if manifest else []
     changes = run_changes(old, cfg)
     refused = refused_changes(changes, cfg.train.allow_config_changes)
     if refused:
@@ -105,7 +107,7 @@ def check_layout(step_dir: Path, layout: Layout) -> None:
     """A resume may change the number of ranks, not the micro-batches of one optimizer step
     (world x grad_accum): the data position counts steps of the same epoch plan."""
     paths = StepPaths(step_dir)
-    world = (paths.read_manifest() or {}).get("world_size")
+    world = getattr(Manifest.read(step_dir), "world_size", None)
     accum = ((paths.read_config() or {}).get("train") or {}).get("grad_accum")
     if not isinstance(world, int) or not isinstance(accum, int) or world * accum == layout.per_step:
         return

@@ -9,7 +9,6 @@ import os
 import random
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,8 @@ from .. import faults
 from ..errors import UserError
 from ..model import write_value_config
 from ..selection import ranked
-from .layout import CHECKSUM, FORMAT_VERSION, MANIFEST, StepPaths, file_checksum, find_checkpoints
+from .layout import CHECKSUM, MANIFEST, StepPaths, file_checksum, find_checkpoints
+from .manifest import stamp
 from .safe_dcp import distributed, single_process_ok
 
 log = logging.getLogger(__name__)
@@ -169,9 +169,7 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         fileio.write_text(p.config_yaml, config_yaml)
         fileio.write_json(p.resume_state, resume_state)
         faults.hit("before_manifest", step)
-        manifest = {**manifest, "format_version": FORMAT_VERSION, "step": step,
-                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": files_manifest(tmp)}
-        fileio.write_json(p.manifest, manifest)
+        fileio.write_json(p.manifest, stamp(manifest, step, files_manifest(tmp)))
         fileio.fsync_tree(tmp)
 
 

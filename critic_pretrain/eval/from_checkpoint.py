@@ -74,8 +74,8 @@ def cold_critic(step_dir: Path, cfg, device: torch.device, configs, trust_remote
         except UserError as e:
             return None, f"unavailable: {e}"
     how = f"seed {cfg.seed}, {'weights of ' + cfg.model.name_or_path if cfg.model.name_or_path else 'random init'}"
-    manifest = ckpt.StepPaths(step_dir).read_manifest() or {}
-    mean_target = manifest.get("data", {}).get("stats", {}).get("mean_target")
+    manifest = ckpt.Manifest.read(step_dir)
+    mean_target = manifest.mean_target if manifest else None
     if cfg.model.bias_init == "mean_target" and cfg.model.init_from == "backbone" and mean_target is not None:
         set_head_bias_value(model, mean_target)
         how += f", head bias {mean_target:.4g} (the training data's mean target)"
@@ -136,7 +136,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
         raise UserError(f"--batch-tokens {batch_tokens} is below the run's max_length {max_length}; "
                         "a rollout must fit into one micro-batch: raise it")
     t0 = time.perf_counter()
-    manifest = ckpt.StepPaths(step_dir).read_manifest() or {}
+    manifest = ckpt.Manifest.read(step_dir) or ckpt.Manifest({})
     with contextlib.ExitStack() as stack:
         store, indices, split = _rows_to_evaluate(step_dir, cfg, manifest, rollouts, cache_dir, stack,
                                                   model_limit=model_limit, vocab_size=vocab_size)
@@ -160,13 +160,13 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     }
 
 
-def _rows_to_evaluate(step_dir: Path, cfg, manifest: dict, rollouts: list[str] | None, cache_dir, stack, *,
+def _rows_to_evaluate(step_dir: Path, cfg, manifest: ckpt.Manifest, rollouts: list[str] | None, cache_dir, stack, *,
                       model_limit: int | None, vocab_size: int):
     """(store, row indices, what they are): other rollouts (checked for the critic's tokenizer,
     prepared in ``cache_dir`` or a temporary folder), else the run's own validation split."""
     from ..data import build_train_data, prepare_store
     if rollouts:
-        preflight.check_rollouts_tokenizer(list(rollouts), manifest.get("tokenizer"),
+        preflight.check_rollouts_tokenizer(list(rollouts), manifest.tokenizer,
                                            "evaluate on rollouts of the critic's own tokenizer")
         where = cache_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="critic-eval-"))
         store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval", vocab_size=vocab_size)

@@ -34,13 +34,12 @@ import sys
 from pathlib import Path
 
 from rollouts import fileio
-from rollouts.provenance import RewardsLogged
 from rollouts.tokenizer import differences, fingerprint_of
 
 from .. import checkpoint as ckpt
 from .. import preflight
 from ..errors import UserError, closest, first_line
-from .frameworks import BIASED_TARGETS, HEAD, TARGETS, target_std
+from .frameworks import BIASED_TARGETS, HEAD, TARGETS
 from .seed_report import SeedReport
 from .seed_weights import (
     add_weight_facts,
@@ -58,7 +57,6 @@ from .seed_weights import (
 log = logging.getLogger(__name__)
 
 TMP_STEP_RE = re.compile(r"^tmp_step_(\d+)$")
-EXPORT_MANIFEST = ckpt.MANIFEST  # exported HF folders carry a copy of our manifest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +143,7 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
     from ..eval.from_checkpoint import evaluate_checkpoint
 
     try:  # evaluate_checkpoint refuses them too; here it is a failed check, not an aborted one
-        preflight.check_rollouts_tokenizer(rollouts, (ckpt.StepPaths(step_dir).read_manifest() or {}).get("tokenizer"),
+        preflight.check_rollouts_tokenizer(rollouts, getattr(ckpt.Manifest.read(step_dir), "tokenizer", None),
                                            "check the seed on rollouts of its own tokenizer, or retrain it with "
                                            "the policy's tokenizer")
     except UserError as e:
@@ -313,7 +311,7 @@ def _check_step(report: SeedReport, root: Path, ppo_config, ppo_config_path, fin
     own_params = expected_layout(own, "token", bias=has_bias)[1] if own is not None else float_keys(shapes)
     check_optimizer(report, p, own_params, {k: s for k, (s, _) in shapes.items()})
     report.facts["tokenizer"] = p.tokenizer_dir.is_dir()
-    report.facts["tokenizer_fingerprint"] = ((manifest or {}).get("tokenizer")
+    report.facts["tokenizer_fingerprint"] = ((manifest.tokenizer if manifest else None)
                                              or (fingerprint_of(p.tokenizer_dir) if p.tokenizer_dir.is_dir() else None))
 
 
@@ -330,8 +328,8 @@ def _check_strays(report: SeedReport, weights_root: Path) -> None:
                                "value/weights makes NeMo-RL load the seed as a PEFT adapter; rename or remove it")
 
 
-def _check_manifest(report: SeedReport, root: Path) -> dict | None:
-    manifest = fileio.read_json(root / ckpt.MANIFEST)
+def _check_manifest(report: SeedReport, root: Path) -> ckpt.Manifest | None:
+    manifest = ckpt.Manifest.read(root)
     if manifest is None:
         report.warn(f"no {ckpt.MANIFEST}: the reward transform, gamma and lambda this critic was trained with are "
                     "unknown; make sure the PPO run uses the reward scale it was trained on")
@@ -340,15 +338,19 @@ def _check_manifest(report: SeedReport, root: Path) -> dict | None:
     if problem:
         report.fail("manifest", f"{problem}: the folder is incomplete or was changed after it was saved; "
                                 "copy it again from the run (or re-export it)")
-    if manifest.get("format_version", 1) > ckpt.FORMAT_VERSION:
-        report.warn(f"{ckpt.MANIFEST} has format_version {manifest['format_version']}, newer than this "
+    if manifest.format_version > ckpt.FORMAT_VERSION:
+        report.warn(f"{ckpt.MANIFEST} has format_version {manifest.format_version}, newer than this "
                     f"critic-pretrain reads ({ckpt.FORMAT_VERSION}); upgrade critic-pretrain")
-    report.facts["targets"] = effective_targets(manifest)
-    report.facts["rewards"] = (manifest.get("data") or {}).get("rewards")
-    report.facts["model_name_or_path"] = (manifest.get("model") or {}).get("name_or_path")
-    report.facts["target_std"] = target_std(manifest)
-    report.facts["exported"] = manifest.get("exported")
+    _add_manifest_facts(report, manifest)
+    report.facts["model_name_or_path"] = manifest.model_name_or_path
     return manifest
+
+
+def _add_manifest_facts(report: SeedReport, manifest: ckpt.Manifest) -> None:
+    report.facts["targets"] = manifest.effective_targets
+    report.facts["rewards"] = manifest.rewards
+    report.facts["target_std"] = manifest.target_std
+    report.facts["exported"] = manifest.exported
 
 
 def _check_training_info(report: SeedReport, root: Path) -> None:
@@ -371,15 +373,6 @@ def _check_training_info(report: SeedReport, root: Path) -> None:
         report.fail("info", f"training_info.json says total_steps={info.get('total_steps')} but the folder is "
                             f"step_{step}: it was renamed or mixed with another step's files; use the folder "
                             f"named after its step, or re-export it")
-
-
-def effective_targets(manifest: dict) -> dict | None:
-    """The manifest's targets with the reward transform taken relative to the raw reward: the
-    archive's own scaling (``data.rewards.logged``, e.g. a NeMo-RL dump's) composed with the
-    targets' transform. As recorded when the archive did not say."""
-    targets = manifest.get("targets")
-    logged = ((manifest.get("data") or {}).get("rewards") or {}).get("logged")
-    return RewardsLogged.from_dict(logged).compose(targets) if targets and logged else targets
 
 
 def _check_metrics(report: SeedReport, info: dict, path: Path) -> None:
@@ -432,13 +425,10 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
     expected, _ = expected_layout(config, layout, bias=want_bias, head=head)
     check_head(report, shapes, want_bias, bias_area="bias", head=head)
     check_layout(report, shapes, expected, config, source)
-    manifest = fileio.read_json(root / EXPORT_MANIFEST)
+    manifest = ckpt.Manifest.read(root)  # exported HF folders carry a copy of our manifest
     if manifest:
-        report.facts["step"] = manifest.get("step")
-        report.facts["targets"] = effective_targets(manifest)
-        report.facts["rewards"] = (manifest.get("data") or {}).get("rewards")
-        report.facts["exported"] = manifest.get("exported")
-        report.facts["target_std"] = target_std(manifest)
+        report.facts["step"] = manifest.step
+        _add_manifest_facts(report, manifest)
     add_weight_facts(report, shapes, config, manifest)
     report.facts["head"]["bias"] = read_scalar(files, f"{head}.bias") if f"{head}.bias" in shapes else None
     report.facts["head"]["dropped_bias"] = cfg_json.get("critic_pretrain_head_bias")

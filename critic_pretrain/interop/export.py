@@ -194,8 +194,8 @@ def _check_out(src: Path, final: Path, overwrite: bool) -> None:
 def _is_export(folder: Path) -> bool:
     """A folder a previous ``export`` wrote: its manifest says so."""
     try:
-        return "exported" in json.loads((folder / ckpt.MANIFEST).read_text())
-    except (OSError, ValueError, TypeError):
+        return getattr(ckpt.Manifest.read(folder), "exported", None) is not None
+    except OSError:
         return False
 
 
@@ -527,14 +527,9 @@ def _write_manifest(src_root: Path, dst_root: Path, fmt: str, *, dtype, add_bias
                     optimizer: str) -> None:
     """Our manifest, with where the export came from; a step tree gets a fresh file list
     (so ``find_checkpoints``/``verify`` accept it), an HF folder none."""
-    manifest = json.loads((src_root / ckpt.MANIFEST).read_text()) if (src_root / ckpt.MANIFEST).is_file() else {}
-    manifest.pop("files", None)
-    manifest["exported"] = {"format": fmt, "from": str(src_root.resolve()),
-                            "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dtype": _dtype_name(dtype) if dtype else None,
-                            "head_bias_added": add_bias, "optimizer": optimizer}
-    if files_list:
-        manifest["files"] = ckpt.files_manifest(dst_root)
-    fileio.write_json(dst_root / ckpt.MANIFEST, manifest)
+    exported = {"format": fmt, "from": str(src_root.resolve()), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "dtype": _dtype_name(dtype) if dtype else None, "head_bias_added": add_bias, "optimizer": optimizer}
+    ckpt.write_export_manifest(src_root, dst_root, exported, ckpt.files_manifest(dst_root) if files_list else None)
 
 
 def _rel(path: Path, root: Path) -> str:

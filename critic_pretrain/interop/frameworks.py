@@ -10,7 +10,6 @@ Every one of them aligns values the same way: value[t] = head(hidden[t-1]).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,11 +118,6 @@ def reward_formula(targets: dict) -> str:
         return "as given (no transform)"
     text = f"r' = {scale:g}*r {'+' if shift >= 0 else '-'} {abs(shift):g}"
     return text + (f", clipped to [{clip[0]:g}, {clip[1]:g}]" if clip else "")
-
-
-def target_std(manifest: dict) -> float | None:
-    var = (((manifest.get("data") or {}).get("stats")) or {}).get("target_var")
-    return math.sqrt(var) if isinstance(var, (int, float)) and var > 0 else None
 
 
 def nemo_rl_reward_scaling(targets: dict | None) -> list[str]:

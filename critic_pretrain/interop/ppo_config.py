@@ -67,7 +67,7 @@ def compare_rewards(report, settings: PPOSettings, t: dict, rewards: dict, where
     the raw reward; NeMo-RL's clamp to its source range; reward shaping on either side.
 
     ``t``: the seed's targets, already relative to the raw reward when the archive recorded how
-    it logged them (``check.effective_targets``); ``rewards``: the manifest's ``data.rewards``
+    it logged them (``checkpoint.Manifest.effective_targets``); ``rewards``: the manifest's ``data.rewards``
     (``logged``: a ``RewardsLogged`` dict or None, ``min`` / ``max``: the archive's range)."""
     logged = RewardsLogged.from_dict(rewards["logged"]) if rewards.get("logged") else None
     lo, hi = rewards.get("min"), rewards.get("max")

@@ -183,7 +183,8 @@ def float_keys(shapes: dict) -> list[str]:
     return [k for k, (_, dt) in shapes.items() if dt.startswith(("F", "BF"))]
 
 
-def add_weight_facts(report: SeedReport, shapes: dict, config, manifest: dict | None) -> None:
+def add_weight_facts(report: SeedReport, shapes: dict, config, manifest) -> None:
+    """``manifest``: the folder's ``checkpoint.Manifest`` or None."""
     head = _head_name(report)
     w = shapes.get(f"{head}.weight")
     text = config.get_text_config() if config is not None else None
@@ -198,7 +199,7 @@ def add_weight_facts(report: SeedReport, shapes: dict, config, manifest: dict | 
         "head": {"name": head, "weight_shape": list(w[0]) if w else None},
     })
     if manifest is not None:
-        report.facts.setdefault("targets", manifest.get("targets"))
+        report.facts.setdefault("targets", manifest.targets)
 
 
 def read_scalar(files: list[Path], key: str) -> float | None:
