@@ -1,0 +1,169 @@
+"""What report.md states about a run: its best steps, where it plateaued, over-training and the checkpoint to pick."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..selection import best
+from .runs import RunData
+
+PLATEAU_TOL = 0.1
+"""Plateau rule: the first evaluation whose metric is within this share of the run's total
+improvement (first evaluation -> best) from the best. Over-training: the last evaluation is
+worse than the best by more than the same share."""
+
+
+def best_point(steps: np.ndarray, values: np.ndarray, metric: str = "val/loss") -> tuple[int, float] | None:
+    """(step, value) of the best evaluation of ``metric`` (``selection.best``: earliest on ties)."""
+    return best(zip(steps.tolist(), values.tolist()), metric)
+
+
+def _oriented(values: np.ndarray, higher_is_better: bool) -> tuple[np.ndarray, float]:
+    """(values as lower-is-better, total improvement from the first evaluation to the best)."""
+    v = -values if higher_is_better else values
+    return v, float(v[0] - v.min())
+
+
+def plateau_step(steps: np.ndarray, values: np.ndarray, *, higher_is_better: bool = False,
+                 tol: float = PLATEAU_TOL) -> int | None:
+    """The first step whose value is within ``tol`` of the total improvement from the best.
+
+    With L the metric (sign-flipped when higher is better), the plateau is the first
+    evaluation s with ``L_s <= best + tol * (L_first - best)``. None when the metric never
+    improved on its first evaluation (or there are fewer than 3 evaluations); the last step
+    when it only got there at the end (still improving).
+    """
+    if len(values) < 3:
+        return None
+    v, gain = _oriented(values, higher_is_better)
+    return int(steps[np.flatnonzero(v <= v.min() + tol * gain)[0]]) if gain > 0 else None
+
+
+def regressed(values: np.ndarray, *, higher_is_better: bool = False, tol: float = PLATEAU_TOL) -> bool:
+    """Whether the last evaluation is worse than the best by more than ``tol`` of the total
+    improvement: the over-training signal (VC-PPO: pretraining too long hurts)."""
+    if len(values) < 3:
+        return False
+    v, gain = _oriented(values, higher_is_better)
+    return gain > 0 and v[-1] > v.min() + tol * gain
+
+
+@dataclass
+class RunSummary:
+    """The numbers ``report.md`` states about one run."""
+
+    name: str
+    last_step: int
+    evaluations: int
+    first: dict
+    final: dict
+    best_loss_record: dict
+    best_ev_record: dict
+    best_loss: tuple[int, float] | None
+    best_ev: tuple[int, float] | None
+    plateau_loss: int | None
+    plateau_ev: int | None
+    overtrained: bool
+    checkpoints: list[int]
+    pick: int | None
+    calibration: dict | None
+
+
+def pick_checkpoint(run: RunData) -> tuple[list[int], int | None]:
+    """(saved steps, the one to pick): the lowest validation loss among saved steps that were
+    evaluated at that very step; None when no saved step was."""
+    from ..checkpoint import find_checkpoints  # torch import: only when checkpoints matter
+
+    steps, loss = run.series("val/loss")
+    saved = sorted(find_checkpoints(run.path))
+    at = dict(zip(steps.tolist(), loss.tolist()))
+    chosen = best(((s, at[s]) for s in saved if s in at), "val/loss")
+    return saved, (chosen[0] if chosen else None)
+
+
+def summarize_run(run: RunData, calibration: dict | None = None) -> RunSummary:
+    """Best steps, plateaus and the checkpoint to pick (``pick_checkpoint``)."""
+    steps, loss = run.series("val/loss")
+    ev_steps, ev = run.series("val/explained_variance")
+    saved, pick = pick_checkpoint(run)
+    best_loss, best_ev = best_point(steps, loss), best_point(ev_steps, ev, "val/explained_variance")
+
+    def val_record(step) -> dict:
+        return run.record_at(int(step), "val/loss") if step is not None else {}
+
+    return RunSummary(
+        name=run.name, last_step=max(r["step"] for r in run.records), evaluations=len(steps),
+        first=val_record(steps[0] if len(steps) else None), final=val_record(steps[-1] if len(steps) else None),
+        best_loss_record=val_record(best_loss[0] if best_loss else None),
+        best_ev_record=val_record(best_ev[0] if best_ev else None),
+        best_loss=best_loss, best_ev=best_ev,
+        plateau_loss=plateau_step(steps, loss), plateau_ev=plateau_step(ev_steps, ev, higher_is_better=True),
+        overtrained=regressed(loss), checkpoints=saved, pick=pick,
+        calibration=calibration)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.4g}"
+
+
+VAL_COLUMNS = (("val/loss", "val loss"), ("val/explained_variance", "val EV"), ("val/oracle_loss", "oracle loss"),
+               ("val/oracle_explained_variance", "oracle EV"), ("val/calibration_error", "calib. error"),
+               ("val/adv_corr_first_lam0.95", "adv. corr lam 0.95"), ("val/adv_corr_first_lam0", "adv. corr lam 0"))
+
+
+def runs_markdown(summaries: list[RunSummary]) -> str:
+    """``report.md``: a comparison table, then a few lines per run."""
+    lines = ["# critic-pretrain report", "",
+             "| run | steps | best val loss (step) | best val EV (step) | final val loss | final val EV | "
+             "loss plateau at |", "|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        bl = f"{_fmt(s.best_loss[1])} ({s.best_loss[0]})" if s.best_loss else "-"
+        be = f"{_fmt(s.best_ev[1])} ({s.best_ev[0]})" if s.best_ev else "-"
+        lines.append(f"| {s.name} | {s.last_step} | {bl} | {be} | {_fmt(s.final.get('val/loss'))} | "
+                     f"{_fmt(s.final.get('val/explained_variance'))} | {_fmt(s.plateau_loss)} |")
+    for s in summaries:
+        lines += ["", f"## {s.name}", ""]
+        if not s.evaluations:
+            lines.append("No validation records (data.val_fraction=0 and no data.val?): only train curves.")
+            continue
+        cols = [(k, label) for k, label in VAL_COLUMNS if k in s.final]
+        lines += ["| | step | " + " | ".join(label for _, label in cols) + " |", "|---|---|" + "---|" * len(cols)]
+        rows = [("first evaluation", s.first), ("best val loss", s.best_loss_record),
+                ("best val EV", s.best_ev_record), ("final", s.final)]
+        for label, rec in rows:
+            cells = " | ".join(_fmt(rec.get(k)) for k, _ in cols)
+            lines.append(f"| {label} | {rec.get('step', '-')} | {cells} |")
+        lines.append("")
+        lines.append(f"- Plateau (first evaluation within {PLATEAU_TOL:.0%} of the total improvement from the best): "
+                     f"val loss at step {_plateau_text(s.plateau_loss, s.final['step'])}, "
+                     f"val EV at step {_plateau_text(s.plateau_ev, s.final['step'])}.")
+        if s.overtrained:
+            lines.append(f"- Over-training: the final val loss ({_fmt(s.final.get('val/loss'))}) is above its best "
+                         f"({_fmt(s.best_loss[1])} at step {s.best_loss[0]}) by more than {PLATEAU_TOL:.0%} of the "
+                         "improvement; prefer an earlier checkpoint.")
+        saved = ", ".join(f"step_{n}" for n in s.checkpoints) or "none"
+        pick = (f"step_{s.pick} (lowest val loss among saved steps with an evaluation)" if s.pick is not None
+                else "none of the saved steps has an evaluation at the same step")
+        lines.append(f"- Checkpoints: {saved}; pick {pick}.")
+        if s.calibration:
+            m = s.calibration["metrics"]
+            oracle = (f", against oracle values {_fmt(m.get('eval/oracle_calibration_error'))}"
+                      if m.get("eval/oracle_calibration_error") is not None else "")
+            lines.append(f"- Calibration of {Path(s.calibration['checkpoint']['path']).name} on "
+                         f"{s.calibration['data']['split']}: mean |target - prediction| over prediction deciles "
+                         f"{_fmt(m.get('eval/calibration_error'))}{oracle}.")
+            from ..eval.advantage import advantage_markdown  # torch: only with an eval
+            adv = advantage_markdown(s.calibration, "eval")
+            if adv:
+                lines += ["", f"### Advantages of {Path(s.calibration['checkpoint']['path']).name}", "", *adv]
+    return "\n".join(lines) + "\n"
+
+
+def _plateau_text(step: int | None, last_eval: int) -> str:
+    if step is None:
+        return "- (no improvement over the first evaluation, or fewer than 3 evaluations)"
+    return f"{step} (still improving at the end)" if step == last_eval else str(step)
