@@ -1,8 +1,9 @@
 """Command line: ``critic-pretrain <command> ...`` (see ``--help``).
 
-Commands that need torch live in their own modules, each with ``main(argv) -> int`` and
-its own argparse; this router imports a module only when its command runs, so the
-torch-free data commands (``critic-pretrain rollouts ...``) start fast.
+One command table (``COMMANDS``) for both packages: every command is a module with
+``main(argv) -> int`` and its own argparse (``rollouts.cli`` for the torch-free data
+commands, ``critic_pretrain.commands.*`` for the rest); this router imports a module only
+when its command runs, so ``critic-pretrain rollouts ...`` starts fast.
 
 Every command runs through ``rollouts.cli.run_command``, the one error handler: bad input is
 one ``error: ...`` line and a non-zero exit code, never a traceback; ``CRITIC_PRETRAIN_DEBUG=1``
@@ -20,6 +21,7 @@ from rollouts.cli import run_command
 
 # command -> (module with main(argv), one-line help)
 COMMANDS = {
+    "rollouts": ("rollouts.cli", "check, convert and synthesise rollout archives (torch-free)"),
     "train": ("critic_pretrain.commands.train", "train a value model: --config FILE [key=value ...]"),
     "demo": (None, "train the tiny default on the bundled sample rollouts (configs/demo.yaml)"),
     "eval": ("critic_pretrain.commands.eval", "evaluate a checkpoint on any rollouts and write JSON"),
@@ -42,8 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="critic-pretrain",
                                      description="Pretrain a PPO critic offline on collected rollouts.")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    from rollouts import cli as rollouts_cli
-    rollouts_cli.add_parser(sub)
     for cmd, (module, help_) in COMMANDS.items():
         p = sub.add_parser(cmd, add_help=False, help=help_)
         p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -5,6 +5,20 @@ One shape for both packages: ``UserError`` lives in the torch-free data layer
 that names file, row and column).
 """
 
-from rollouts.errors import Problem, RolloutError, UserError, closest, did_you_mean, first_line, require
+from rollouts.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    Problem,
+    RolloutError,
+    UserError,
+    closest,
+    did_you_mean,
+    first_line,
+    require,
+)
 
-__all__ = ["Problem", "RolloutError", "UserError", "closest", "did_you_mean", "first_line", "require"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "Problem", "RolloutError",
+           "UserError", "closest", "did_you_mean", "first_line", "require"]

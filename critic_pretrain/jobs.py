@@ -40,18 +40,11 @@ from rollouts import fileio
 
 from .config import Config
 from .config_io import bundled_config_names, find_config, load_config, read_yaml_mapping
-from .errors import UserError, did_you_mean
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, UserError, did_you_mean
 from .selection import best
 
 if TYPE_CHECKING:
     from .checkpoint import StepPaths
-
-# Exit codes (docs/batch.md). 75 is EX_TEMPFAIL from sysexits.h: "try again later".
-EXIT_OK = 0
-EXIT_FAILED = 1          # at least one job failed (the others ran, unless --fail-fast)
-EXIT_USAGE = 2           # invalid JOBS.yaml or arguments: nothing ran
-EXIT_PREEMPTED = 75      # stopped by SIGTERM/SIGUSR1 with jobs left: re-run (requeue) the same command
-EXIT_INTERRUPTED = 130   # stopped by SIGINT (Ctrl-C) with jobs left
 
 # Job statuses as written to batch_summary.json; STATUS_TEXT is the table's wording.
 DONE, SKIPPED, FAILED, PREEMPTED, INTERRUPTED, NOT_STARTED = (

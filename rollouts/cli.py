@@ -1,8 +1,11 @@
 """``critic-pretrain rollouts ...`` (also ``python -m rollouts ...``): check, convert, synth, schema.
 
-Torch-free. The parsers and the printing live here (``check``, ``convert``, ``schema``) or in the
-command's own module (``synth.cli``); each registers ``func=...`` returning the exit code, over
-the library modules (``reader``, ``convert``, ``synth``), which parse no argv.
+Torch-free. Like every command module of both packages, ``main(argv) -> int`` parses its own
+argv and raises ``UserError``; the one command table (``critic_pretrain.cli.COMMANDS``) routes
+``critic-pretrain rollouts ...`` here. The subcommands' parsers and printing live here
+(``check``, ``convert``, ``schema``) or in their own module (``synth.cli``); each registers
+``func=...`` returning the exit code, over the library modules (``reader``, ``convert``,
+``synth``), which parse no argv.
 
 ``run_command`` is the one error handler of every command of both packages (``critic-pretrain``
 routes through it too): a ``UserError`` prints one ``error: ...`` line and exits with its code
@@ -23,15 +26,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .convert import convert_generic, convert_nemo_rl
-from .errors import RolloutError, UserError
+from .errors import EXIT_INTERRUPTED, RolloutError, UserError
 from .sources import SOURCES
 from .writer import DEFAULT_SHARD_ROWS
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("rollouts", help="check, convert and synthesise rollout archives",
-                       description="Rollout archives: validate, convert other dumps into schema v1, "
-                                   "generate synthetic rollouts.")
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="critic-pretrain rollouts",
+                                description="Rollout archives: validate, convert other dumps into schema v1, "
+                                            "generate synthetic rollouts.")
     rsub = p.add_subparsers(dest="rollouts_cmd", required=True, metavar="{check,convert,synth,schema}")
     _add_check(rsub)
     from . import synth
@@ -39,6 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     synth.add_parser(rsub)
     s = rsub.add_parser("schema", help="print rollout schema v1")
     s.set_defaults(func=lambda args: print(__import__("rollouts.schema").schema.describe()) or 0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``critic-pretrain rollouts ARGV``; raises ``UserError`` (``run_command`` prints it)."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
 
 
 def _add_check(rsub) -> None:
@@ -282,15 +292,7 @@ def run_command(fn: Callable[..., int], *args) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `... | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rollouts")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["rollouts", *(sys.argv[1:] if argv is None else argv)])
-    return run_command(args.func, args)

@@ -13,12 +13,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
+# The exit codes of every command of both packages (docs/batch.md). 75 is EX_TEMPFAIL from
+# sysexits.h, "try again later": what SLURM requeue scripts look for.
+EXIT_OK = 0
+EXIT_FAILED = 1          # batch: at least one job failed (the others ran, unless --fail-fast)
+EXIT_USAGE = 2           # bad input, configuration or arguments (a UserError): nothing ran or was lost
+EXIT_PREEMPTED = 75      # saved and stopped on SIGTERM/SIGUSR1: re-run (requeue) the same command
+EXIT_INTERRUPTED = 130   # stopped by Ctrl-C (128 + SIGINT); a run saved first unless Ctrl-C came twice
+
 
 class UserError(Exception):
     """Bad input, configuration or checkpoint: the message says what is wrong and what to do.
-    ``exit_code``: what the command exits with (2; 130 for an interrupted run)."""
+    ``exit_code``: what the command exits with (``EXIT_USAGE``; ``EXIT_INTERRUPTED`` for an
+    interrupted run)."""
 
-    def __init__(self, message: str, exit_code: int = 2):
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
         super().__init__(message)
         self.exit_code = exit_code
 

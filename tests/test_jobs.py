@@ -19,6 +19,7 @@ from conftest import ROOT, tiny_overrides, train_main
 from safetensors.torch import load_file
 
 from critic_pretrain import checkpoint as ckpt
+from critic_pretrain import errors as exits
 from critic_pretrain import jobs as runner
 from critic_pretrain.cli import main as cli_main
 
@@ -82,16 +83,16 @@ def test_preempted_batch_exits_75_then_resumes_exactly_then_skips(toy_data, tmp_
                            **{"train.max_steps": 40, "checkpoint.save_every": 0})
 
     watcher = signal_when_training(tmp_path / "a" / "metrics.jsonl")
-    assert runner_main([str(jobs_file)]) == runner.EXIT_PREEMPTED
+    assert runner_main([str(jobs_file)]) == exits.EXIT_PREEMPTED
     watcher.join()
     s = summary(jobs_file)
     assert s["a"]["status"] == "preempted" and s["a"]["exit_code"] == 75  # it saved: re-run to continue
     stopped_at = s["a"]["final_step"]
     assert 1 <= stopped_at < 40
     assert s["b"]["status"] == "not_started" and not (tmp_path / "b").exists()
-    assert json.loads((tmp_path / "batch_summary.json").read_text())["exit_code"] == runner.EXIT_PREEMPTED
+    assert json.loads((tmp_path / "batch_summary.json").read_text())["exit_code"] == exits.EXIT_PREEMPTED
 
-    assert runner_main([str(jobs_file)]) == runner.EXIT_OK
+    assert runner_main([str(jobs_file)]) == exits.EXIT_OK
     s = summary(jobs_file)
     assert (s["a"]["status"], s["a"]["start_step"], s["a"]["final_step"]) == ("done", stopped_at, 40)
     assert (s["b"]["status"], s["b"]["start_step"], s["b"]["final_step"]) == ("done", None, 40)
@@ -102,7 +103,7 @@ def test_preempted_batch_exits_75_then_resumes_exactly_then_skips(toy_data, tmp_
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
     t0 = time.monotonic()
-    assert runner_main([str(jobs_file)]) == runner.EXIT_OK
+    assert runner_main([str(jobs_file)]) == exits.EXIT_OK
     assert statuses(jobs_file) == {"a": "skipped", "b": "skipped"}
     assert time.monotonic() - t0 < 20  # nothing was launched
 
@@ -118,7 +119,7 @@ def test_finished_job_skipped_and_failed_job_isolated(toy_data, tmp_path, capsys
         job("after", tmp_path / "after"),
     ])
     capsys.readouterr()
-    assert runner_main([str(jobs_file)]) == runner.EXIT_FAILED
+    assert runner_main([str(jobs_file)]) == exits.EXIT_FAILED
     s = summary(jobs_file)
     assert {n: j["status"] for n, j in s.items()} == {"done": "skipped", "bad": "failed", "after": "done"}
     assert s["bad"]["exit_code"] == 2 and s["bad"]["final_step"] is None
@@ -137,14 +138,14 @@ def test_fail_fast_and_clean_exit_without_finishing(toy_data, tmp_path):
         {**job("fails", tmp_path / "fails"), "launcher": ["false"]},
         job("next", tmp_path / "next"),
     ])
-    assert runner_main([str(jobs_file), "--fail-fast"]) == runner.EXIT_FAILED
+    assert runner_main([str(jobs_file), "--fail-fast"]) == exits.EXIT_FAILED
     assert statuses(jobs_file) == {"fails": "failed", "next": "not_started"}
 
     jobs_file = write_jobs(tmp_path / "jobs.yaml", toy_data, [
         {**job("quits", tmp_path / "quits"), "launcher": ["true"]},
         job("next", tmp_path / "next"),
     ])
-    assert runner_main([str(jobs_file)]) == runner.EXIT_PREEMPTED
+    assert runner_main([str(jobs_file)]) == exits.EXIT_PREEMPTED
     assert statuses(jobs_file) == {"quits": "preempted", "next": "not_started"}
 
 
@@ -170,7 +171,7 @@ def test_validation_errors_are_one_line(toy_data, tmp_path, capsys, jobs, expect
         jobs = {"defaults": {"overrides": base_overrides(toy_data)}, **jobs}
     jobs_file = tmp_path / "jobs.yaml"
     jobs_file.write_text(yaml.safe_dump(jobs))
-    assert runner_main([str(jobs_file)]) == runner.EXIT_USAGE
+    assert runner_main([str(jobs_file)]) == exits.EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {jobs_file}: ") and expected in err, err
 

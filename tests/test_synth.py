@@ -13,7 +13,13 @@ import pyarrow as pa
 import pytest
 
 from rollouts import SAMPLE_DIR, RolloutError, RolloutReader, check, synth
-from rollouts.cli import main as rollouts_main
+from rollouts.cli import main as rollouts_cli_main
+from rollouts.cli import run_command
+
+
+def rollouts_main(argv: list[str]) -> int:
+    """``python -m rollouts ARGV`` in process: the command and its error handler."""
+    return run_command(rollouts_cli_main, argv)
 
 # Short rows and a tight cap, so truncation is common and values depend on the position.
 SMALL = {"max_length": 256, "median_length": 80}

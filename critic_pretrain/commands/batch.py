@@ -6,13 +6,8 @@ import argparse
 import shlex
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, UserError
 from ..jobs import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_PREEMPTED,
-    EXIT_USAGE,
     Job,
     job_state,
     load_jobs,

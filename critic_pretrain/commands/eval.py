@@ -1,4 +1,5 @@
-"""``critic-pretrain eval``: a checkpoint on its validation split or on any rollouts, as JSON (argparse and printing over ``critic_pretrain.eval.from_checkpoint``)."""
+"""``critic-pretrain eval``: a checkpoint on its validation split or on any rollouts, as JSON
+(argparse and printing over ``critic_pretrain.eval.from_checkpoint``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``critic-pretrain plan``: memory per GPU and the largest data.max_tokens that fits (argparse and printing over ``critic_pretrain.plan``)."""
+"""``critic-pretrain plan``: memory per GPU and the largest data.max_tokens that fits (argparse
+and printing over ``critic_pretrain.plan``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``critic-pretrain report``: PNG plots and report.md of one or more runs (argparse and printing over ``critic_pretrain.report``)."""
+"""``critic-pretrain report``: PNG plots and report.md of one or more runs (argparse and
+printing over ``critic_pretrain.report``)."""
 
 from __future__ import annotations
 

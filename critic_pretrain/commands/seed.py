@@ -1,4 +1,5 @@
-"""``critic-pretrain seed``: check a seed before a PPO run loads it (argparse and printing over ``critic_pretrain.interop.check``)."""
+"""``critic-pretrain seed``: check a seed before a PPO run loads it (argparse and printing over
+``critic_pretrain.interop.check``)."""
 
 from __future__ import annotations
 

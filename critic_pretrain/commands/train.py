@@ -13,9 +13,9 @@ import contextlib
 import logging
 
 from ..config_io import describe, load_config
-from ..errors import UserError
+from ..errors import EXIT_INTERRUPTED, UserError
 from ..interop.check import check_seed
-from ..train import EXIT_INTERRUPTED, Preemption, Run, setup, train_loop
+from ..train import Preemption, Run, setup, train_loop
 from ..train import __doc__ as TRAIN_DOC
 from .seed import print_report
 
