@@ -270,7 +270,7 @@ def test_rollouts_longer_than_the_model_follow_overlong(policy, toy_data, tmp_pa
     cfg = load_config(tmp_path / "config.yaml")
     data = build_train_data(cfg.data, cfg.targets, tmp_path / "data_cache", main_first=contextlib.nullcontext,
                             progress=False, model_limit=24)
-    assert data.overlong == counted and data.train_len.max() <= 24
+    assert data.overlong_rows == counted and data.train_len.max() <= 24
     if policy == "skip":
         assert data.train.lengths[data.train_idx].max() <= 24
 

@@ -91,12 +91,12 @@ def weighted_rows(indices: np.ndarray, lengths: np.ndarray, source: np.ndarray, 
         return indices, lengths
     picks = []
     for s, w in enumerate(weights):
-        mine = np.flatnonzero(source == s)
+        of_source = np.flatnonzero(source == s)
         whole, frac = int(np.floor(w)), w - np.floor(w)
-        picks += [mine] * whole
+        picks += [of_source] * whole
         if frac > 0:
             rng = np.random.default_rng([seed, epoch, 1000 + s])
-            picks.append(np.sort(rng.choice(mine, int(round(frac * len(mine))), replace=False)))
+            picks.append(np.sort(rng.choice(of_source, int(round(frac * len(of_source))), replace=False)))
     pos = np.concatenate(picks) if picks else np.zeros(0, np.int64)
     return indices[pos], lengths[pos]
 

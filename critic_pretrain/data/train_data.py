@@ -27,8 +27,8 @@ class TrainData:
     """Their effective lengths (after `overlong: truncate`)."""
     val_idx: np.ndarray
     max_length: int
-    overlong: int
-    """Rollouts longer than max_length (truncated or skipped)."""
+    overlong_rows: int
+    """Rollouts longer than max_length (truncated or skipped, by ``overlong_policy``)."""
     overlong_policy: str
     """`data.overlong`: truncate or skip."""
     capped_by_model: bool
@@ -55,7 +55,7 @@ class TrainData:
         cut = "truncated" if self.overlong_policy == "truncate" else "skipped"
         return (f"{len(self.train_idx)} training rollouts ({len(self.val_idx)} for validation{held}), "
                 f"{int(self.train_len.sum()):,} tokens after truncation, {self.policy_tokens:,} policy tokens; "
-                f"{self.overlong} longer than max_length={self.max_length}"
+                f"{self.overlong_rows} longer than max_length={self.max_length}"
                 f"{' (the model position limit)' if self.capped_by_model else ''} {cut}"
                 + f"; left out: {self.without_policy} with no policy token within max_length, "
                 f"{st.duplicates} duplicate sample_ids, {st.bad_rows} bad rows, {st.bad_files} bad "
@@ -120,7 +120,7 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
                      "oldest" if r["without_version"] else "",
                      "; one policy version only: the weights change nothing" if r["oldest"] == r["newest"] else "")
     max_length = max_length_of(data, model_limit)
-    overlong = int((train.lengths[train_idx] > max_length).sum())
+    overlong_rows = int((train.lengths[train_idx] > max_length).sum())
     train_idx, _ = effective_lengths(train, train_idx, max_length, data.overlong)
     rows = len(train_idx)
     train_idx, policy = with_policy_left(train, train_idx, max_length, "training", data)
@@ -128,6 +128,6 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
     train_len = np.minimum(train.lengths[train_idx], max_length)
     val_idx, _ = with_policy_left(val, val_idx, max_length, "validation", data)
     weights = np.array([s.weight for s in data.all_sources()], dtype=np.float64)
-    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong, data.overlong,
+    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong_rows, data.overlong,
                      max_length < max_length_of(data), weights, policy_tokens=policy, without_policy=without,
                      val_groups=val_groups)

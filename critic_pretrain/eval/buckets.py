@@ -122,8 +122,8 @@ def token_buckets(weights: torch.Tensor, position_ids: torch.Tensor, n_rollouts:
         before = torch.cumsum(per_rollout, 0) - per_rollout
         return torch.cumsum(flags, 0) - before[seg], per_rollout
 
-    rank, n_policy = within_rollout_cumsum(policy)                      # 1-based among policy tokens
-    quartile = (4 * (rank - 1).clamp_min(0)) // n_policy[seg].clamp_min(1)
+    nth_policy, n_policy = within_rollout_cumsum(policy)                # 1-based among policy tokens
+    quartile = (4 * (nth_policy - 1).clamp_min(0)) // n_policy[seg].clamp_min(1)
     prev = torch.cat([policy.new_zeros(1), policy[:-1]])
     turn_start = policy * ((prev == 0) | start).long()
     turn, _ = within_rollout_cumsum(turn_start)                         # 1-based turn index
