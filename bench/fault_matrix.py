@@ -186,7 +186,8 @@ def markdown(outcomes: list[Outcome]) -> str:
     lines = ["| fault | faulted run exits | re-run resumes from | steps lost | final weights = uninterrupted run |",
              "|---|---:|---:|---:|---|"]
     for o in outcomes:
-        resumed = "refused" if o.resumed_from is None else ("start" if o.resumed_from == 0 else f"step {o.resumed_from}")
+        resumed = "refused" if o.resumed_from is None else ("start" if o.resumed_from == 0 else
+                                                            f"step {o.resumed_from}")
         exact = "n/a" if o.exact is None else ("bit-identical" if o.exact else "**differ**")
         lost = "n/a" if o.lost is None else str(o.lost)
         fe = "" if o.fault_exit is None else str(o.fault_exit)

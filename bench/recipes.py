@@ -37,7 +37,8 @@ BASE = ["targets.lam=1.0", "targets.values_from=none", "train.max_steps=300"]
 """The demo recipe before this search (Monte-Carlo targets, 300 steps); every recipe starts from it."""
 RECIPES: dict[str, tuple[str, list[str]]] = {
     "mc": ("the demo as it was: Monte-Carlo targets, 300 steps", []),
-    "td0.95": ("bootstrapped TD(0.95) from the critic's own values", ["targets.lam=0.95", "targets.values_from=critic"]),
+    "td0.95": ("bootstrapped TD(0.95) from the critic's own values",
+               ["targets.lam=0.95", "targets.values_from=critic"]),
     "td0.8": ("bootstrapped TD(0.8)", ["targets.lam=0.8", "targets.values_from=critic"]),
     "mc-600": ("Monte-Carlo, 600 steps", ["train.max_steps=600"]),
     "mc-lr1e-2": ("Monte-Carlo, peak lr 1e-2", ["optim.lr=1e-2", "optim.min_lr=1e-3"]),
@@ -93,7 +94,8 @@ def score(step: Path, data: Path) -> dict:
 
 def table(rows: list[tuple[str, str, dict, float | None]]) -> str:
     out = ["| recipe | what | lam 0.95 corr (control) | +0.05 over control | lam 0 corr | >= 0.3 | EV / ceiling "
-           "| >= 0.8 | turn change corr | train time (2 cores, runs overlapping) |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| >= 0.8 | turn change corr | train time (2 cores, runs overlapping) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for name, what, s, secs in rows:
         ok = lambda b: "yes" if b else "no"  # noqa: E731
         out.append(f"| {name} | {what} | {s['corr95']:.3f} ({s['control95']:.3f}) | "
@@ -113,7 +115,8 @@ def schedule_table(work: Path) -> str:
     from critic_pretrain.metrics import read_metrics
 
     out = ["| step | finished schedule | val EV | oracle EV | calibration error | lam 0.95 corr | mid-schedule "
-           "of | val EV | oracle EV | calibration error | lam 0.95 corr |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "of | val EV | oracle EV | calibration error | lam 0.95 corr |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = ("val/explained_variance", "val/oracle_explained_variance", "val/calibration_error",
             "val/adv_corr_first_lam0.95")
     for short, long in SCHEDULE_PAIRS:

@@ -253,14 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=None, help="token budget per step (default: 16384 on GPU, 4096 on CPU)")
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="token budget per step (default: 16384 on GPU, 4096 on CPU)")
     ap.add_argument("--lengths", choices=["lognormal", "sample"], default="lognormal")
-    ap.add_argument("--median", type=float, default=None, help="median rollout length (default 1400 on GPU, 200 on CPU)")
+    ap.add_argument("--median", type=float, default=None,
+                    help="median rollout length (default 1400 on GPU, 200 on CPU)")
     ap.add_argument("--sigma", type=float, default=0.8)
     ap.add_argument("--max-len", type=int, default=None, help="longest rollout (default 8192 on GPU, 1024 on CPU)")
     ap.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                     help="default: on for the Qwen shapes")
-    ap.add_argument("--workers", type=int, default=None, help="DataLoader workers for ours (default 2 on GPU, 0 on CPU)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="DataLoader workers for ours (default 2 on GPU, 0 on CPU)")
     ap.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS, help="for MFU (H200 bf16 dense: 989)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
@@ -311,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
 
     layers, hidden = shape["num_hidden_layers"], shape["hidden_size"]
     dev_name = torch.cuda.get_device_name(device) if gpu else "CPU"
-    print(f"# bench: shape {args.shape} ({n['matmul'] / 1e6:.1f}M matmul params), {dev_name}, torch {torch.__version__}, "
+    print(f"# bench: shape {args.shape} ({n['matmul'] / 1e6:.1f}M matmul params), {dev_name}, "
+          f"torch {torch.__version__}, "
           f"max_tokens {max_tokens}, lengths {args.lengths} median {median:g} max {max_len}, "
           f"gradient checkpointing {ckpting}, {args.steps} timed steps")
     print("| variant | real tokens/s | MFU | peak mem (GB) | padding | data wait |")
@@ -328,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     consumed = rows["ours"]["tokens_per_s"]
     print(f"CPU pipeline (1 process): read+validate+targets {pipeline['prepare_tokens_per_s']:,.0f} tokens/s "
           f"({pipeline['prepare_tokens_per_s'] / consumed:.1f}x what the device consumed), "
-          f"pack+collate {pipeline['pack_tokens_per_s']:,.0f} tokens/s ({pipeline['pack_tokens_per_s'] / consumed:.1f}x)")
+          f"pack+collate {pipeline['pack_tokens_per_s']:,.0f} tokens/s "
+          f"({pipeline['pack_tokens_per_s'] / consumed:.1f}x)")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "device": dev_name, "torch": torch.__version__,
                                                "results": rows, "ratio": ratio, "pipeline": pipeline}, indent=2))

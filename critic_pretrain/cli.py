@@ -28,7 +28,8 @@ COMMANDS = {
     "report": ("critic_pretrain.commands.report", "PNG plots and a summary of one or more runs"),
     "export": ("critic_pretrain.commands.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
     "seed": ("critic_pretrain.commands.seed", "check a seed before a PPO run loads it: seed check PATH"),
-    "plan": ("critic_pretrain.commands.plan", "memory per GPU under DDP and FSDP2, and the largest data.max_tokens that fits"),
+    "plan": ("critic_pretrain.commands.plan",
+             "memory per GPU under DDP and FSDP2, and the largest data.max_tokens that fits"),
     "bench": ("critic_pretrain.bench", "throughput benchmark: ours vs a plain padded loop"),
     "batch": ("critic_pretrain.commands.batch", "run several train jobs from a JOBS.yaml, resumable, with a summary"),
 }

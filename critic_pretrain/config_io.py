@@ -80,7 +80,8 @@ def read_yaml_mapping(path: str | os.PathLike, *, missing: str, expected: str) -
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', None) or e}); fix the file") from None
+        raise UserError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                        "fix the file") from None
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected {expected} at the top level")
     return doc
@@ -195,7 +196,8 @@ def field_docs(cls) -> dict[str, str]:
     docs = {}
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) \
+                and isinstance(nxt.value.value, str):
             docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 

@@ -57,7 +57,8 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
             check_config_keys(AutoConfig.for_model(model_type), overrides)
             config = AutoConfig.for_model(model_type, **overrides)
         except ValueError as e:
-            raise UserError(f"model.config: {first_line(e)}; use a transformers model_type such as qwen2 or llama") from None
+            raise UserError(f"model.config: {first_line(e)}; "
+                            "use a transformers model_type such as qwen2 or llama") from None
         except CONFIG_ERRORS as e:
             raise UserError(f"model.config: transformers refuses this {model_type!r} config ({first_line(e)}); "
                             "fix that field, or start from a real model's config.json") from e
@@ -94,7 +95,8 @@ def check_config_keys(default: PretrainedConfig, keys) -> None:
 @functools.cache
 def modeling_keys(config_class: type) -> frozenset[str]:
     """Config attributes the family's modeling code reads, declared or not: ``config.X`` and
-    ``getattr(config, "X", default)`` (parsed, so comments and strings do not count) in the module of its token-classification class and in the
+    ``getattr(config, "X", default)`` (parsed, so comments and strings do not count) in the module
+    of its token-classification class and in the
     RoPE helpers every family calls. Reading the source (not a list per family) keeps this right
     for families and transformers releases we have not seen."""
     import transformers.modeling_rope_utils as rope

@@ -67,7 +67,8 @@ def describe(accelerator, model) -> str:
     if is_fsdp(model):
         from torch.distributed.fsdp import FSDPModule
         units = sum(isinstance(m, FSDPModule) for m in model.modules())
-        by = "accelerate" if accelerate_shards(accelerator) else "critic-pretrain (accelerate does not shard CPU workers)"
+        by = ("accelerate" if accelerate_shards(accelerator)
+              else "critic-pretrain (accelerate does not shard CPU workers)")
         return (f"FSDP2 over {world} ranks, {units} fully_shard units applied by {by}: parameters, gradients and "
                 f"AdamW state sharded; {backend}")
     if world > 1:

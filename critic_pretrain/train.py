@@ -263,7 +263,8 @@ def make_model(cfg: Config, hf_config, data: TrainData, resume_dir: Path | None,
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mp, getattr(torch, cfg.model.dtype))
     log.info("value model %s: %.2fM parameters (%.2fM without embeddings), mixed precision %s, %d process(es)",
              type(model).__name__, n["total"] / 1e6, n["matmul"] / 1e6, mp, layout.world)
-    log.info("attention %s: %s", model.config._attn_implementation, model.attention_plan.describe(device, compute_dtype))
+    log.info("attention %s: %s", model.config._attn_implementation,
+             model.attention_plan.describe(device, compute_dtype))
     return model
 
 

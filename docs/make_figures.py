@@ -82,7 +82,8 @@ def render(n: dict) -> str:
     for label, rec in n["rows"].items():
         lines.append(f"| {label} | {rec.get('step', '-')} | " + " | ".join(_f(rec.get(k)) for k, _ in COLUMNS) + " |")
     final = n["rows"]["final"]
-    lines += ["", f"The true values' EV against these targets (the ceiling) is {_f(final.get('val/ev_oracle_values'))}; "
+    lines += ["", f"The true values' EV against these targets (the ceiling) is "
+              f"{_f(final.get('val/ev_oracle_values'))}; "
               f"the leave-one-out group mean return's is {_f(final.get('val/ev_group_mean'))}. At turn-first tokens "
               f"the group mean held as the value reaches an advantage correlation of "
               f"{_f(final.get('val/adv_corr_first_lam0.95_group_mean'))} at lambda 0.95, GRPO's baseline "

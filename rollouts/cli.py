@@ -237,8 +237,8 @@ def _rewards_logged(args: argparse.Namespace):
         from .ppo_config import read_ppo_config
         settings = read_ppo_config(args.ppo_config, grpo=True)
         if settings.framework != "nemo-rl":
-            raise RolloutError(f"--ppo-config {args.ppo_config}: a {settings.framework} config; only NeMo-RL applies its "
-                               "reward settings before logging: state what the dump holds with --rewards-raw or "
+            raise RolloutError(f"--ppo-config {args.ppo_config}: a {settings.framework} config; only NeMo-RL applies "
+                               "its reward settings before logging: state what the dump holds with --rewards-raw or "
                                "--rewards-scaled SCALE,SHIFT")
         return RewardsLogged.from_ppo_settings(settings, f"--ppo-config {args.ppo_config}")
     if args.rewards_raw:

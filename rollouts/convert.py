@@ -338,7 +338,8 @@ def _prepare_out(out: Path, overwrite: bool, quarantine: Path | None) -> tuple[l
     if not overwrite:
         raise RolloutError(f"{out}: the output folder is not empty ({len(entries)} entries, e.g. "
                            f"'{entries[0].name}'); pass --overwrite to replace its shards, or choose an empty folder")
-    foreign = [e for e in entries if not (e.is_file() and (_SHARD_NAME.fullmatch(e.name) or e.name == ROLLOUTS_MANIFEST))]
+    foreign = [e for e in entries
+               if not (e.is_file() and (_SHARD_NAME.fullmatch(e.name) or e.name == ROLLOUTS_MANIFEST))]
     if foreign:
         raise RolloutError(f"{out}: --overwrite only replaces rollout shards (part-NNNNN.parquet), but the folder "
                            f"also holds '{foreign[0].name}'; empty it yourself or choose another folder")

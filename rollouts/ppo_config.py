@@ -113,7 +113,8 @@ def _nemo_rl(cfg: dict, p: Path, section: str = "ppo") -> PPOSettings:
 
 
 def _verl(cfg: dict, p: Path) -> PPOSettings:
-    s = PPOSettings("verl", p, gamma=float(_get(cfg, "algorithm.gamma", 1.0)), lam=float(_get(cfg, "algorithm.lam", 1.0)))
+    s = PPOSettings("verl", p, gamma=float(_get(cfg, "algorithm.gamma", 1.0)),
+                    lam=float(_get(cfg, "algorithm.lam", 1.0)))
     s.model = _get(cfg, "critic.model.path") or _get(cfg, "actor_rollout_ref.model.path")
     prompt, response = _get(cfg, "data.max_prompt_length", 512), _get(cfg, "data.max_response_length", 512)
     s.max_length = int(prompt) + int(response)

@@ -81,8 +81,8 @@ class RewardsLogged:
     def from_ppo_settings(cls, settings, stated_by: str) -> "RewardsLogged":
         """What the collecting run (a ``rollouts.ppo_config.PPOSettings``) applied before logging."""
         if settings.reward_notes:
-            raise UserError(f"{stated_by}: {settings.reward_notes[0]}: a logged reward cannot be mapped back to the raw "
-                            "one; state what the dump holds with --rewards-raw or --rewards-scaled SCALE,SHIFT")
+            raise UserError(f"{stated_by}: {settings.reward_notes[0]}: a logged reward cannot be mapped back to the "
+                            "raw one; state what the dump holds with --rewards-raw or --rewards-scaled SCALE,SHIFT")
         return cls(settings.reward_scale, settings.reward_shift, settings.reward_clip, settings.reward_source,
                    settings.reward_shaping, stated_by)
 
@@ -92,7 +92,8 @@ class RewardsLogged:
         try:
             scale, shift = (float(x) for x in text.split(","))
         except ValueError:
-            raise UserError(f"{stated_by} {text!r}: write SCALE,SHIFT, e.g. 2,-1 for rewards logged as 2*r - 1") from None
+            raise UserError(f"{stated_by} {text!r}: write SCALE,SHIFT, "
+                            "e.g. 2,-1 for rewards logged as 2*r - 1") from None
         if scale == 0:
             raise UserError(f"{stated_by} {text}: SCALE must not be 0")
         return cls(scale, shift, stated_by=f"{stated_by} {text}")

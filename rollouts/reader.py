@@ -112,18 +112,21 @@ class Summary:
                            **{f"p{p}": float(np.percentile(rewards, p)) for p in (10, 50, 90)},
                            "distinct": int(min(len(np.unique(rewards)), 1000))}
             d["turns"] = {"mean": float(turns.mean()), "max": int(turns.max()),
-                          "histogram": {str(k): int(v) for k, v in zip(*np.unique(np.minimum(turns, 10), return_counts=True))}}
+                          "histogram": {str(k): int(v)
+                                        for k, v in zip(*np.unique(np.minimum(turns, 10), return_counts=True))}}
         return d
 
     def format(self) -> str:
         d = self.to_dict()
-        out = [f"files          {d['files']}" + (f"  ({d['bad_files']} unreadable or invalid)" if d["bad_files"] else ""),
+        out = [f"files          {d['files']}" + (f"  ({d['bad_files']} unreadable or invalid)"
+                                                 if d["bad_files"] else ""),
                f"rows           {d['rows']:,}" + (f"  ({d['bad_rows']:,} bad rows left out)" if d["bad_rows"] else ""),
                f"tokens         {d['tokens']:,}",
                f"policy tokens  {d['policy_tokens']:,}" + (f"  ({d['policy_tokens'] / max(d['tokens'], 1):.1%})")]
         if self.rows:
             L, R, T = d["length"], d["reward"], d["turns"]
-            out.append(f"length         min {L['min']}  p50 {L['p50']:.0f}  p90 {L['p90']:.0f}  p99 {L['p99']:.0f}  max {L['max']}")
+            out.append(f"length         min {L['min']}  p50 {L['p50']:.0f}  p90 {L['p90']:.0f}  "
+                       f"p99 {L['p99']:.0f}  max {L['max']}")
             out.append(f"reward         mean {R['mean']:.4g}  std {R['std']:.4g}  min {R['min']:.4g}  "
                        f"p50 {R['p50']:.4g}  max {R['max']:.4g}  ({R['distinct']} distinct values)")
             hist = "  ".join(f"{k if k != '10' else '10+'}:{v}" for k, v in T["histogram"].items())

@@ -124,7 +124,8 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
         w = pc.fill_null(batch.column("sample_weight").cast(pa.float64()), 1.0).to_numpy(zero_copy_only=False)
         flags.add(~np.isfinite(w) | (w < 0), "sample_weight", "sample_weight is negative, NaN or infinite",
                   "use a finite weight >= 0 (0 drops the row from the loss)", "nan")
-    sample_ids = batch.column("sample_id").cast(pa.string()).to_pylist() if _present(batch, names, "sample_id") else None
+    sample_ids = (batch.column("sample_id").cast(pa.string()).to_pylist()
+                  if _present(batch, names, "sample_id") else None)
     dropped = _check_ids(flags, sample_ids, seen_ids, duplicates, n)
 
     bad = flags.reason >= 0
@@ -196,7 +197,8 @@ def _check_rewards(flags: _Flags, batch: pa.RecordBatch, names: set[str], length
         tlen, tr, parents, inner_null = _list_parts(batch.column("token_rewards"))
         present = tlen >= 0
         _check_len(flags, "token_rewards", np.where(present, tlen, lengths), lengths)
-        flags.add(inner_null, "token_rewards", "null inside token_rewards", "write 0.0 where there is no reward", "null")
+        flags.add(inner_null, "token_rewards", "null inside token_rewards", "write 0.0 where there is no reward",
+                  "null")
         tr = tr.astype(np.float64)
         flags.add(_row_any(~np.isfinite(tr), parents, n), "token_rewards", "NaN or infinite token reward",
                   "fix the reward function or drop the row", "nan")

@@ -64,7 +64,8 @@ def unpacked_values(m: torch.nn.Module, ids: list[int]) -> np.ndarray:
 
 def gae(r, mask, lam, values) -> np.ndarray:
     t = lambda x: torch.tensor(np.asarray(x, np.float64))[None]  # noqa: E731
-    return reference_gae(t(r), t(mask), gamma=GAMMA, lam=lam, values=None if values is None else t(values))[0][0].numpy()
+    return reference_gae(t(r), t(mask), gamma=GAMMA, lam=lam,
+                         values=None if values is None else t(values))[0][0].numpy()
 
 
 def reference(path: Path, critic, cold, scale: float, shift: float, oracle: bool = True):

@@ -245,8 +245,9 @@ def test_head_without_bias_for_nemo_rl(run, toy_data, tmp_path, capsys):
     rc, _, err = check(capsys, out / "step_1")
     assert rc == 1
     assert errors(err) == ["error: the value head has no bias (trained with model.head_bias=false) but nemo-rl builds "
-                           "AutoModelForTokenClassification(num_labels=1) with score.bias [1] and loads strictly; export "
-                           "it with critic-pretrain export --format nemo-rl (adds a zero bias, values unchanged)"]
+                           "AutoModelForTokenClassification(num_labels=1) with score.bias [1] and loads strictly; "
+                           "export it with critic-pretrain export --format nemo-rl (adds a zero bias, "
+                           "values unchanged)"]
     assert check(capsys, out / "step_1", "--for", "trl")[0] == 0  # bias-free is what TRL wants
 
 
@@ -257,7 +258,8 @@ def test_training_info_step_mismatch_and_missing(seed, capsys):
     info = json.loads(ckpt.StepPaths(seed).training_info.read_text())
     moved = shutil.copytree(seed, seed.parent / "step_3")
     rc, _, err = check(capsys, moved)
-    assert rc == 1 and f"error: training_info.json says total_steps={info['total_steps']} but the folder is step_3" in err
+    assert rc == 1 and (f"error: training_info.json says total_steps={info['total_steps']} "
+                        "but the folder is step_3" in err)
     ckpt.StepPaths(seed).training_info.unlink()
     rc, _, err = check(capsys, seed)
     assert rc == 1 and f"error: no training_info.json in {seed}" in err
@@ -309,9 +311,9 @@ def test_optimizer_with_two_param_groups(seed, capsys):
     rc, _, err = check(capsys, seed)
     assert rc == 1
     assert errors(err) == ["error: the optimizer state has 2 parameter groups (they differ in weight_decay): NeMo-RL "
-                           "builds one AdamW group, loads this with the wrong hyperparameters and its scheduler crashes "
-                           "on the first step; drop it (critic-pretrain export STEP --format nemo-rl --drop-optimizer: "
-                           "NeMo-RL since PR #4213 rebuilds it on a warm start anyway)"]
+                           "builds one AdamW group, loads this with the wrong hyperparameters and its scheduler "
+                           "crashes on the first step; drop it (critic-pretrain export STEP --format nemo-rl "
+                           "--drop-optimizer: NeMo-RL since PR #4213 rebuilds it on a warm start anyway)"]
 
 
 def test_optimizer_without_scheduler_or_all_parameters(seed, capsys):
@@ -538,7 +540,8 @@ def test_seed_records_its_tokenizer_fingerprint(tok_run, capsys):
     assert manifest["tokenizer"] == fingerprint_of(tok) and manifest["tokenizer"]["vocab_size"] == 64
     assert manifest["tokenizer"]["special_ids"]["eos_token_id"] == 2
     rc, out, _ = check(capsys, step)
-    assert rc == 0 and f"64 tokens, vocab hash {manifest['tokenizer']['vocab_sha256']} (bos 3, eos 2, pad 0, unk 1)" in out
+    assert rc == 0 and (f"64 tokens, vocab hash {manifest['tokenizer']['vocab_sha256']} "
+                        "(bos 3, eos 2, pad 0, unk 1)" in out)
 
 
 @pytest.mark.parametrize("shuffle,eos,rc,words", [

@@ -133,14 +133,16 @@ def _case_files(tmp: Path) -> dict[str, tuple[Path, str, int | None, str | None]
     add("wrong_type", write_table(tmp / "wrongtype.parquet", {"input_ids": [["a", "b"]], "loss_mask": [[0, 1]],
                                                               "reward": [1.0]}), "wrong type", None, "input_ids")
     add("wrong_type_reward", write_table(tmp / "wrongreward.parquet", {"input_ids": [[1, 2]], "loss_mask": [[0, 1]],
-                                                                       "reward": ["high"]}), "wrong type", None, "reward")
+                                                                       "reward": ["high"]}),
+        "wrong type", None, "reward")
     add("length_mask", good(tmp / "len_mask.parquet", loss_mask=[[0, 1, 1, 0]] * 3 + [[0, 1]]),
         "length differs from input_ids", 3, "loss_mask")
     add("length_token_rewards", good(tmp / "len_tr.parquet", token_rewards=[[0.0] * 4] * 2 + [[0.0] * 5] + [[0.0] * 4]),
         "length differs from input_ids", 2, "token_rewards")
     add("length_values", good(tmp / "len_values.parquet", values=[[0.0] * 4, [0.0] * 3, [0.0] * 4, [0.0] * 4]),
         "length differs from input_ids", 1, "values")
-    add("no_policy_token", good(tmp / "nopolicy.parquet", loss_mask=[[0, 1, 1, 0]] * 2 + [[0, 0, 0, 0]] + [[0, 1, 1, 0]]),
+    add("no_policy_token", good(tmp / "nopolicy.parquet",
+                                loss_mask=[[0, 1, 1, 0]] * 2 + [[0, 0, 0, 0]] + [[0, 1, 1, 0]]),
         "no policy token", 2, "loss_mask")
     add("nan_reward", good(tmp / "nanreward.parquet", reward=[1.0, float("nan"), 1.0, 1.0]),
         "NaN or infinite", 1, "reward")
@@ -148,7 +150,8 @@ def _case_files(tmp: Path) -> dict[str, tuple[Path, str, int | None, str | None]
         "NaN or infinite", 3, "reward")
     add("nan_value", good(tmp / "nanvalue.parquet", values=[[0.0] * 4, [0.0, float("nan"), 0.0, 0.0],
                                                            [0.0] * 4, [0.0] * 4]), "NaN or infinite", 1, "values")
-    add("nan_token_reward", good(tmp / "nantr.parquet", token_rewards=[[0.0, 0.0, float("-inf"), 0.0]] + [[0.0] * 4] * 3),
+    add("nan_token_reward", good(tmp / "nantr.parquet",
+                                 token_rewards=[[0.0, 0.0, float("-inf"), 0.0]] + [[0.0] * 4] * 3),
         "NaN or infinite", 0, "token_rewards")
     add("negative_token", good(tmp / "negtok.parquet", input_ids=[[1, 2, 3, 4]] * 2 + [[1, -5, 3, 4]] + [[1, 2, 3, 4]]),
         "negative token id", 2, "input_ids")

@@ -56,5 +56,6 @@ def test_two_training_steps_on_the_real_sample(smollm2, tmp_path):
     assert report.ok, report.problems
     manifest = ckpt.Manifest.read(step)
     recorded = json.loads((SAMPLE / "_rollouts.json").read_text())
-    assert manifest.tokenizer == recorded["tokenizer"] and manifest.raw["model"]["class"] == "LlamaForTokenClassification"
+    assert (manifest.tokenizer == recorded["tokenizer"]
+            and manifest.raw["model"]["class"] == "LlamaForTokenClassification")
     assert manifest.rewards["logged"]["stated_by"].startswith("examples/smollm2/task.py")

@@ -162,7 +162,8 @@ def test_full_disk_at_start_up_is_one_line(toy_data, tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))  # room for the lock line, not for config.yaml
 
-    res = subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train", *tiny_overrides(tmp_path / "run", toy_data)],
+    res = subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train",
+                          *tiny_overrides(tmp_path / "run", toy_data)],
                          cwd=ROOT, capture_output=True, text=True, preexec_fn=no_space, timeout=300)
     assert res.returncode == 2, res.stderr[-2000:]
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]

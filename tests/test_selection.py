@@ -19,7 +19,8 @@ def fake_run(root: Path, losses: dict[int, float]) -> None:
         d.mkdir(parents=True)
         (d / "training_info.json").write_text(json.dumps({"total_steps": step, "val:loss": loss,
                                                           "val:explained_variance": -loss}))
-        (d / ckpt.MANIFEST).write_text(json.dumps({"files": {"training_info.json": (d / "training_info.json").stat().st_size}}))
+        (d / ckpt.MANIFEST).write_text(json.dumps(
+            {"files": {"training_info.json": (d / "training_info.json").stat().st_size}}))
 
 
 def test_keep_best_never_deletes_newest(tmp_path):

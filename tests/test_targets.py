@@ -264,7 +264,8 @@ def test_matches_reference_loop_float64(
     with_values: bool,
 ) -> None:
     mask, rewards, values = random_case(seed, batch, length, torch.float64, density)
-    lam_arg = torch.rand(batch, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) if lam_per_row else lam
+    lam_arg = (torch.rand(batch, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+               if lam_per_row else lam)
     kwargs = {"gamma": gamma, "lam": lam_arg, "values": values if with_values else None}
     adv, returns = compute_gae(rewards, mask, **kwargs)
     ref_adv, ref_returns = reference_gae(rewards, mask, **kwargs)

@@ -1,5 +1,6 @@
 """The ``step_<n>`` checkpoint tree: its layout and manifest (``layout``), writing a step
-atomically and retention (``save``), the manifest built and read (``manifest``), reading it back (``load``), and the DCP reader that runs
+atomically and retention (``save``), the manifest built and read (``manifest``), reading it
+back (``load``), and the DCP reader that runs
 no code from a folder we did not write (``safe_dcp``). Callers use ``from critic_pretrain
 import checkpoint as ckpt`` and the names below."""
 
@@ -32,8 +33,9 @@ from .save import (
     set_rng_state,
 )
 
-__all__ = ["CHECKSUM", "FORMAT_VERSION", "LOCK", "MANIFEST", "Manifest", "OPTIM_OPTIONS", "STEP_RE", "WEIGHTS_FILE", "StepPaths",
-    "apply_retention", "best_steps", "build_manifest", "file_checksum", "files_manifest", "find_checkpoints", "library_versions",
+__all__ = ["CHECKSUM", "FORMAT_VERSION", "LOCK", "MANIFEST", "Manifest", "OPTIM_OPTIONS", "STEP_RE", "WEIGHTS_FILE",
+    "StepPaths", "apply_retention", "best_steps", "build_manifest", "file_checksum", "files_manifest",
+    "find_checkpoints", "library_versions",
     "load_optimizer", "load_resume_state", "load_rng_state", "load_weights", "lock_output_dir",
     "resolve_resume", "rng_state", "save_checkpoint", "save_rng_state", "set_rng_state", "step_number",
     "verify", "write_export_manifest"]

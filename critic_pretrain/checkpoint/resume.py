@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 # stretched mid-way, a different split). Prefixes cover whole sections.
 RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias", "model.dtype", "targets.",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
-                "optim.warmup_steps", "optim.head_lr", "train.freeze_backbone_steps", "train.max_steps", "train.grad_clip", "data.sources",
+                "optim.warmup_steps", "optim.head_lr", "train.freeze_backbone_steps", "train.max_steps",
+                "train.grad_clip", "data.sources",
                 "data.val_fraction", "data.max_tokens", "data.max_length", "data.overlong", "data.shuffle",
                 "data.on_bad", "data.recency_half_life")
 # data.train / data.val paths are not here: the data manifest compares the files themselves.

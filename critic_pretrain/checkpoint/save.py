@@ -67,7 +67,8 @@ def save_rng_state(path: Path, state: dict[str, Any]) -> None:
                "numpy": torch.from_numpy(np.asarray(keys, dtype=np.int64))}
     for i, t in enumerate(state.get("cuda", [])):
         tensors[f"cuda.{i}"] = t
-    meta = {"python": json.dumps([version, gauss]), "numpy": json.dumps([name, int(pos), int(has_gauss), float(cached)])}
+    meta = {"python": json.dumps([version, gauss]),
+            "numpy": json.dumps([name, int(pos), int(has_gauss), float(cached)])}
     save_file(tensors, path, metadata=meta)
 
 

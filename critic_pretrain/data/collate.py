@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 
 
-def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *, with_rewards: bool = False) -> PackedBatch:
+def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *,
+                   with_rewards: bool = False) -> PackedBatch:
     """One micro-batch as a single packed row (``packed.PackedBatch``); ``with_rewards`` fills the
     fields evaluation and TD targets read (rewards, outcome, oracle, old values)."""
     t = store.table.take(pa.array(rows))

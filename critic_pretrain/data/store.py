@@ -267,7 +267,8 @@ def _add_reward_range(stats: StoreStats, batch: pa.RecordBatch) -> None:
         lens = pc.list_value_length(col).to_numpy(zero_copy_only=False)
         lens = np.nan_to_num(lens.astype(np.float64)).astype(np.int64)  # a null list: no token rewards
         flat = pc.fill_null(pc.list_flatten(col), 0.0).to_numpy(zero_copy_only=False).astype(np.float64)
-        total += np.add.reduceat(np.concatenate([flat, [0.0]]), np.concatenate([[0], np.cumsum(lens)[:-1]])) * (lens > 0)
+        total += np.add.reduceat(np.concatenate([flat, [0.0]]),
+                                 np.concatenate([[0], np.cumsum(lens)[:-1]])) * (lens > 0)
     lo, hi = float(total.min()), float(total.max())
     stats.reward_min = lo if stats.reward_min is None else min(stats.reward_min, lo)
     stats.reward_max = hi if stats.reward_max is None else max(stats.reward_max, hi)
@@ -358,7 +359,8 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
     mask = _padded(batch.column("loss_mask"), lengths, torch.float32)                   # [B, T]
     reward = None
     if "reward" in names:
-        reward = torch.tensor(pc.fill_null(batch.column("reward"), 0.0).to_numpy(zero_copy_only=False), dtype=torch.float32)
+        reward = torch.tensor(pc.fill_null(batch.column("reward"), 0.0).to_numpy(zero_copy_only=False),
+                              dtype=torch.float32)
     token_rewards = _optional_padded(batch, "token_rewards", lengths)
     values = _optional_padded(batch, "values", lengths) if targets.values_from == "data" else None
     if targets.values_from == "data" and values is None:

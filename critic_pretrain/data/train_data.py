@@ -76,7 +76,8 @@ def with_policy_left(store: RolloutStore, idx: np.ndarray, max_length: int, what
     kept = store.policy_tokens(max_length)[idx]
     with_policy = int((kept > 0).sum())
     if len(idx) and with_policy < MIN_POLICY_SHARE * len(idx):
-        limits = f"data.max_tokens={data.max_tokens}" + (f", data.max_length={data.max_length}" if data.max_length else "")
+        limits = f"data.max_tokens={data.max_tokens}" + (f", data.max_length={data.max_length}"
+                                                         if data.max_length else "")
         raise UserError(f"only {with_policy} of {len(idx)} {what} rollouts keep a policy token after truncation to "
                         f"max_length={max_length} tokens ({limits}): the rest hold prompt tokens only and carry no "
                         "loss; raise data.max_tokens (and data.max_length), or data.overlong=skip to leave long "

@@ -189,7 +189,8 @@ def load_model_config(spec: str | Path):
 
     p = Path(spec)
     if not p.exists():
-        raise UserError(f"--model-config {spec}: no such file or folder; pass the PPO model's folder or its config.json")
+        raise UserError(f"--model-config {spec}: no such file or folder; "
+                        "pass the PPO model's folder or its config.json")
     try:
         config = AutoConfig.from_pretrained(str(p))
     except (OSError, ValueError, KeyError) as e:
@@ -221,8 +222,8 @@ def _resolve(report: SeedReport, raw: str | Path | None) -> Path | None:
     if m:
         newest = _newest_step(p.parent)
         hint = f"use the newest complete checkpoint {newest}" if newest else "no complete step_<n> exists beside it yet"
-        report.fail("path", f"{p} is an unfinished save (tmp_step_{m.group(1)}: the run crashed or is still writing it); "
-                            f"{hint}, or wait for the save to finish")
+        report.fail("path", f"{p} is an unfinished save (tmp_step_{m.group(1)}: the run crashed or is still "
+                            f"writing it); {hint}, or wait for the save to finish")
         return None
     if ckpt.StepPaths(p).value_dir.is_dir():
         report.kind = "step"
@@ -357,7 +358,8 @@ def _check_training_info(report: SeedReport, root: Path) -> None:
     path = ckpt.StepPaths(root).training_info
     if not path.is_file():
         report.fail("info", f"no training_info.json in {root}: NeMo-RL's checkpoint layout needs it; "
-                            "copy the whole step_<n> folder or re-export it with critic-pretrain export --format nemo-rl")
+                            "copy the whole step_<n> folder or re-export it with critic-pretrain export "
+                            "--format nemo-rl")
         return
     info = fileio.read_json(path)
     if info is None:

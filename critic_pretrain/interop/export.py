@@ -8,7 +8,8 @@
 Formats (docs/export.md has what each consumer's source does with them):
 
 - ``nemo-rl``: ``DIR/step_<n>``, a self-contained copy of the checkpoint (files hard-linked
-  where possible; written under a temporary name and renamed). Options: drop the optimizer (NeMo-RL since PR #4213 rebuilds it on a warm
+  where possible; written under a temporary name and renamed). Options: drop the optimizer
+  (NeMo-RL since PR #4213 rebuilds it on a warm
   start), cast the weights (``--dtype bfloat16``), add a tokenizer, and for older NeMo-RL
   that loads the optimizer, rewrite the scheduler state as ``SequentialLR([ConstantLR])``
   (the PPO example config) and/or set the learning rate the state carries.
@@ -79,8 +80,8 @@ class ExportResult:
         written = sum(v == "written" for v in self.files.values())
         linked = sum(v == "linked" for v in self.files.values())
         copied = sum(v == "copied" for v in self.files.values())
-        lines = [f"exported {self.source} -> {self.out} (format {self.format}: {written} written, {linked} hard-linked, "
-                 f"{copied} copied)", f"  head bias: {self.bias_handling}"]
+        lines = [f"exported {self.source} -> {self.out} (format {self.format}: {written} written, "
+                 f"{linked} hard-linked, {copied} copied)", f"  head bias: {self.bias_handling}"]
         lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines + ["", *self.config_lines])
 
@@ -131,7 +132,8 @@ def export(step_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, dty
     _self_check(final, fmt)
     facts = {**report.facts, "normalization": result.normalization}
     sched = None if fmt != "nemo-rl" or not ckpt.StepPaths(final).optimizer_dir.exists() else scheduler
-    result.config_lines = config_lines(framework_of_format(fmt).name, final, facts, scheduler=sched, total_iters=total_iters)
+    result.config_lines = config_lines(framework_of_format(fmt).name, final, facts, scheduler=sched,
+                                       total_iters=total_iters)
     if fmt == "trl" and result.head_bias:
         result.config_lines += trl_bias_snippet()
     return result
@@ -171,7 +173,8 @@ def _checked_source(step_dir, fmt: str, drop_optimizer: bool) -> SeedReport:
         repaired = set()
     blocking = [p for p in report.problems if p.area not in repaired]
     if blocking:
-        more = f" (and {len(blocking) - 1} more: run critic-pretrain seed check {report.path})" if len(blocking) > 1 else ""
+        more = (f" (and {len(blocking) - 1} more: run critic-pretrain seed check {report.path})"
+                if len(blocking) > 1 else "")
         raise UserError(f"cannot export {report.path}: {blocking[0]}{more}")
     return report
 

@@ -205,7 +205,8 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
 def _plain_reward_note(targets: dict, how: str) -> list[str]:
     if not targets:
         return ["# reward scale unknown (no critic_pretrain.json): use the scale the critic was trained on"]
-    if (targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")) == (1.0, 0.0, None):
+    if (targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")) \
+            == (1.0, 0.0, None):
         return ["# the critic was trained on the raw rewards: no reward transform"]
     return [f"# the critic was trained on rewards {reward_formula(targets)}; {how}"]
 
@@ -214,7 +215,8 @@ def trl_bias_snippet() -> list[str]:
     """TRL: put a biased head back on the exported model (our bias is stored in its config)."""
     return ["# exact: TRL's PPOTrainer only calls value_model.score(hidden), so a biased head restores our values",
             "import torch",
-            "head = torch.nn.Linear(value_model.config.hidden_size, 1, bias=True, dtype=value_model.score.weight.dtype)",
+            "head = torch.nn.Linear(value_model.config.hidden_size, 1, bias=True, "
+            "dtype=value_model.score.weight.dtype)",
             "head.weight.data.copy_(value_model.score.weight.data)",
             "head.bias.data.fill_(value_model.config.critic_pretrain_head_bias)",
             "value_model.score = head"]

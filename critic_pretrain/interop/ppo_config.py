@@ -95,18 +95,21 @@ def compare_rewards(report, settings: PPOSettings, t: dict, rewards: dict, where
         need = settings.reward_scale / a
         assumed = (f" (the rollouts logged them as {logged.formula()}, {logged.stated_by})" if logged else
                    " (taking the rollouts' rewards as raw: the archive does not say how they were logged)")
-        report.fail("convention", f"{where}: the PPO run's rewards are {_affine(settings.reward_scale, settings.reward_shift)} "
+        report.fail("convention", f"{where}: the PPO run's rewards are "
+                    f"{_affine(settings.reward_scale, settings.reward_shift)} "
                     f"of the raw ones, the critic's were {_affine(scale, shift)}{assumed}: its values are on another "
                     f"scale; retrain with targets.reward_scale={need:g} targets.reward_shift="
                     f"{settings.reward_shift - need * b:g}, or change the PPO reward scaling")
     elif settings.reward_clip and not t.get("reward_clip") and not in_range:
-        report.warn(f"{where}: the PPO run clips rewards to [{settings.reward_clip[0]:g}, {settings.reward_clip[1]:g}]; "
+        report.warn(f"{where}: the PPO run clips rewards to "
+                    f"[{settings.reward_clip[0]:g}, {settings.reward_clip[1]:g}]; "
                     "the critic saw them unclipped (the same if raw rewards stay in the source range)")
     for note in settings.reward_notes:
         report.warn(f"{where}: {note}")
     shaped = logged.shaped if logged else None
     if settings.reward_shaping and shaped is None:
-        report.warn(f"{where}: ppo.reward_shaping is enabled (overlong penalties change the rewards of long responses); "
+        report.warn(f"{where}: ppo.reward_shaping is enabled "
+                    "(overlong penalties change the rewards of long responses); "
                     "the archive does not say whether the critic's rollouts were shaped (rollouts convert --ppo-config "
                     "records it)")
     elif shaped is not None and settings.reward_shaping != shaped:

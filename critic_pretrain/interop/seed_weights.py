@@ -116,7 +116,8 @@ def check_head(report: SeedReport, shapes: dict, want_bias: bool, *, bias_area: 
         report.fail(bias_area, f"the value head has no bias (trained with model.head_bias=false) but {report.target} "
                                "builds AutoModelForTokenClassification(num_labels=1) with score.bias [1] and loads "
                                "strictly; export it with critic-pretrain export --format "
-                               f"{'nemo-rl' if report.target == 'nemo-rl' else 'hf'} (adds a zero bias, values unchanged)")
+                               f"{'nemo-rl' if report.target == 'nemo-rl' else 'hf'} "
+                               "(adds a zero bias, values unchanged)")
     if not want_bias and b is not None and report.kind == "hf":
         report.fail("head", f"{head}.bias is in the weights but {report.target}'s value head is a bias-free Linear: "
                             "transformers drops it without an error and every value shifts by the bias; export with "

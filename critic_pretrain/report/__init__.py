@@ -62,8 +62,9 @@ from .summary import (
     summarize_run,
 )
 
-__all__ = ["CURVES", "PLATEAU_TOL", "RunData", "RunSummary", "best_point", "fig_advantage", "fig_buckets", "fig_calibration",
-           "fig_explained_variance", "fig_grad_norm", "fig_loss", "fig_lr", "fig_metric", "fig_tokens_per_s", "figures",
+__all__ = ["CURVES", "PLATEAU_TOL", "RunData", "RunSummary", "best_point", "fig_advantage", "fig_buckets",
+           "fig_calibration", "fig_explained_variance", "fig_grad_norm", "fig_loss", "fig_lr", "fig_metric",
+           "fig_tokens_per_s", "figures",
            "load_metrics", "load_run", "load_runs", "pick_checkpoint", "plateau_step", "read_eval_json", "regressed",
            "run_calibration", "run_calibrations", "runs_markdown", "summarize_run", "write_report"]
 

@@ -85,7 +85,8 @@ def fig_loss(runs: list[RunData]):
 
 
 def fig_explained_variance(runs: list[RunData]):
-    fig = fig_metric(runs, _curves(runs, "explained_variance"), "Explained variance (1 = perfect, 0 = predicts the mean)", "explained variance")
+    fig = fig_metric(runs, _curves(runs, "explained_variance"),
+                     "Explained variance (1 = perfect, 0 = predicts the mean)", "explained variance")
     ax = fig.axes[0]
     for i, run in enumerate(runs):  # reference levels from the newest evaluation that has them
         for key, what, style in (("val/ev_oracle_values", "true values on the val targets (ceiling of validation)",

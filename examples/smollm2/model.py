@@ -63,7 +63,8 @@ def hf_folder(cache: Path = CACHE) -> Path:
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
-        raise RuntimeError(f"GGUF state dict does not match LlamaForCausalLM: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(f"GGUF state dict does not match LlamaForCausalLM: missing {missing}, "
+                           f"unexpected {unexpected}")
     part = out.with_name("hf.part")
     plain.save_pretrained(part)
     tokenizer.save_pretrained(part)
