@@ -18,7 +18,7 @@ over response tokens, A the GAE advantages TRL computes, V its values; read by w
 ``get_reward`` and ``masked_whiten``, which change nothing). Writes bench/ppo_warm.json,
 docs/img/warm-ppo.png and the ``ppo-warm`` block of docs/warm.md.
 
-    python bench/ppo_warm.py [--work /tmp/critic-ppo] [--steps 30] [--seeds 3] [--warmup 50]   # ~90 min
+    python bench/ppo_warm.py [--work /tmp/critic-ppo] [--steps 30] [--seeds 2] [--warmup 50]   # ~75 min
 
 What TRL needs (all in this file, said in the docs block): a pad token distinct from EOS
 (SmolLM2's pad is ``<|im_end|>``, which its chat template also puts inside every prompt, and TRL
@@ -334,7 +334,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/critic-ppo"))
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--warmup", type=int, default=50, help="critic-only steps (about the pretraining's wall clock)")
     p.add_argument("--threshold", type=float, default=0.8)
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
