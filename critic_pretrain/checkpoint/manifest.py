@@ -79,7 +79,8 @@ def write_export_manifest(src_root: Path, dst_root: Path, exported: dict, files:
     """The source's manifest with where the export came from (``exported``: format, from, at,
     ...); a step tree gets a
     fresh file list (so ``find_checkpoints``/``verify`` accept it), an HF folder none."""
-    manifest = dict(Manifest.read(src_root).raw) if (src_root / MANIFEST).is_file() else {}
+    source = Manifest.read(src_root)  # None: missing or unreadable (the seed check reported it)
+    manifest = dict(source.raw) if source else {}
     manifest.pop("files", None)
     manifest["exported"] = exported
     if files is not None:

@@ -196,10 +196,7 @@ def _check_out(src: Path, final: Path, overwrite: bool) -> None:
 
 def _is_export(folder: Path) -> bool:
     """A folder a previous ``export`` wrote: its manifest says so."""
-    try:
-        return getattr(ckpt.Manifest.read(folder), "exported", None) is not None
-    except OSError:
-        return False
+    return getattr(ckpt.Manifest.read(folder), "exported", None) is not None  # None: missing or unreadable
 
 
 def _publish(tmp: Path, final: Path) -> None:
