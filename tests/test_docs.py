@@ -48,14 +48,15 @@ def _script(name: str):
     return module
 
 
-@pytest.mark.parametrize("name", ["real_critic", "ppo_warm"])
-def test_warm_md_real_blocks_are_rendered_from_the_recorded_numbers(name):
+@pytest.mark.parametrize("name", ["real_critic", "ppo_warm", "synth_envs"])
+def test_generated_blocks_are_rendered_from_the_recorded_numbers(name):
     """The real-rollout numbers (bench/real_critic.py) and the PPO arms (bench/ppo_warm.py) in
-    docs/warm.md are the rendering of their JSON, never typed."""
+    docs/warm.md, the environments' table (bench/synth_envs.py) in docs/synth.md: each is the
+    rendering of its JSON, never typed."""
     script = _script(name)
-    text = (ROOT / "docs" / "warm.md").read_text()
+    text = script.DOC.read_text()
     block = text[text.index(script.BEGIN):text.index(script.END) + len(script.END)]
     if not script.NUMBERS.is_file():
         pytest.fail(f"{script.NUMBERS.name} missing: run python bench/{name}.py")
     assert block == script.render(json.loads(script.NUMBERS.read_text())), \
-        f"docs/warm.md's {name} block is stale: run python bench/{name}.py"
+        f"{script.DOC.name}'s {name} block is stale: run python bench/{name}.py"

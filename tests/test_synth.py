@@ -228,7 +228,7 @@ def test_cli_writes_shards_and_prints_one_line(tmp_path: Path, capsys) -> None:
             "--max-length", "256", "--median-length", "80"]
     assert rollouts_main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("wrote 50 rows")
+    assert len(lines) == 1 and lines[0].startswith("wrote 50 tools rows") and "slope" in lines[0]
     assert len(list(out.glob("part-*.parquet"))) == 3 and check(out).problems == []
     assert rollouts_main(["synth", "--out", str(tmp_path / "x"), "--rows", "5", "--max-turns", "99"]) == 2
     assert "max_turns" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import RolloutError
 from ..fileio import publish_files, write_json
 from ..writer import DEFAULT_SHARD_ROWS, ShardWriter
-from .multiturn import make_env
+from .envs import make_env
 from .oracle import ValueStats
 from .vocab import VOCAB_SIZE
 
@@ -40,7 +40,7 @@ def write_with_manifest(out_dir: str | os.PathLike, rows: int, seed: int, shard_
     # or the new ones, never a half-written mix, whatever stops the generator.
     staging = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
     try:
-        stats = ValueStats(env.params.gamma, env.params.token_penalty)
+        stats = ValueStats(env.params.gamma, seed, horizon=int(2 * env.params.median_length))
         with ShardWriter(staging, shard_rows=shard_rows) as writer:
             for table in env.tables(rows, seed):
                 stats.add(table)
