@@ -272,6 +272,11 @@ class TrainConfig:
     """Deprecated, use `report_to`: false drops `tensorboard` from it."""
     stop_when: StopConfig = field(default_factory=StopConfig)
     """Optional early stop on a validation metric; the run saves a final checkpoint."""
+    on_collapse: Literal["stop", "warn"] = "stop"
+    """A critic whose values collapse to a near-constant after it had learned (``val/value_std``
+    under 5% of the targets' spread after reaching 20%; semi-gradient TD can do this): `stop`
+    ends the run with an error before that step is saved (the checkpoints before it stay),
+    `warn` logs one warning line and goes on."""
     freeze_backbone_steps: int = 0
     """Head-only warm-up: the first N optimizer steps update only the value head (the backbone's
     gradients are dropped, so AdamW leaves it and its moments alone). For critics started from

@@ -135,6 +135,51 @@ class StopRule:
         return None
 
 
+class CollapseWatch:
+    """A critic that learned and then collapsed to a near-constant value.
+
+    Semi-gradient TD(lambda) (``targets.values_from: critic``) can collapse: a constant value is a
+    fixed point of its own targets, so the training loss stays low while the values stop
+    depending on the input (seen with a 1.1M-parameter critic at lr 3e-3, docs/LOG.md). The
+    validation loss alone can miss it (a constant at the mean return is not far off on rollouts
+    with little variance); the spread of the values cannot: ``val/value_std / val/target_std``
+    falls from its peak to near 0. ``update`` returns what happened once the ratio, having
+    reached ``LEARNED``, drops below ``COLLAPSED``; None otherwise.
+    """
+
+    LEARNED = 0.2
+    """The ratio a critic must have reached before a drop counts as a collapse (a fresh head
+    starts near 0: that is not one)."""
+    COLLAPSED = 0.05
+    """Below this share of the targets' spread the values are close to one constant."""
+
+    def __init__(self):
+        self.peak, self.peak_step, self.peak_ev = 0.0, None, None
+
+    def replay(self, path: str | os.PathLike, upto: int) -> None:
+        """Feed the watch the validation records a resumed run logged up to step ``upto``."""
+        if Path(path).is_file():
+            for rec in read_metrics(path):
+                if rec.get("step", 1 << 62) <= upto:
+                    self.update(rec, rec.get("step", 0))
+
+    def update(self, record: dict, step: int) -> str | None:
+        std, spread = record.get("val/value_std"), record.get("val/target_std")
+        if std is None or spread is None or not (math.isfinite(std) and spread > 1e-12):
+            return None
+        ratio = std / spread
+        if ratio > self.peak:
+            self.peak, self.peak_step, self.peak_ev = ratio, step, record.get("val/explained_variance")
+            return None
+        if self.peak < self.LEARNED or ratio >= self.COLLAPSED:
+            return None
+        ev = record.get("val/explained_variance", math.nan)
+        was = f", val EV {self.peak_ev:.3f}" if self.peak_ev is not None else ""
+        return (f"the critic collapsed to a near-constant value at step {step}: val/value_std {std:.4g} is "
+                f"{ratio:.1%} of the targets' spread {spread:.4g} (val EV {ev:.3f}); at step {self.peak_step} it "
+                f"was {self.peak:.1%}{was}")
+
+
 def _step_of(line: str) -> int:
     try:
         return int(json.loads(line).get("step", 0))

@@ -39,9 +39,18 @@ from critic_pretrain.data import (
     plan_epoch,
     step_batches,
 )
-from critic_pretrain.errors import EXIT_INTERRUPTED, EXIT_PREEMPTED, UserError, first_line
+from critic_pretrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, UserError, first_line
 from critic_pretrain.eval import evaluate
-from critic_pretrain.metrics import N_SUMS, MetricsLog, StopRule, progress, read_metrics, summarize, value_sums
+from critic_pretrain.metrics import (
+    N_SUMS,
+    CollapseWatch,
+    MetricsLog,
+    StopRule,
+    progress,
+    read_metrics,
+    summarize,
+    value_sums,
+)
 from critic_pretrain.model import (
     build_config,
     build_value_model,
@@ -90,6 +99,8 @@ class Run:
     state: TrainState
     metrics: MetricsLog
     stop_rule: StopRule
+    collapse: CollapseWatch = field(default_factory=CollapseWatch)
+    """Watches the validation values' spread (``train.on_collapse``)."""
     last_val: dict = field(default_factory=dict)
     data_changes: list = field(default_factory=list)
     """Accepted changes of the rollout files across resumes (``data.allow_changes``)."""
@@ -164,10 +175,11 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     model, optimizer, scheduler = place_and_optimize(cfg, model, accelerator)
     state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout) if resume_dir else TrainState()
     resume_step = state.step if resume_dir else None
-    stop_rule = StopRule(cfg.train.stop_when)
+    stop_rule, collapse = StopRule(cfg.train.stop_when), CollapseWatch()
     metric_names_checked = False
     if resume_dir is not None:  # the resumed run's own history: its stop rule and its metric names
         stop_rule.replay(out / "metrics.jsonl", state.step)
+        collapse.replay(out / "metrics.jsonl", state.step)
         logged = {k for rec in (read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else [])
                   for k in rec if k.startswith("val/")}
         if logged:
@@ -177,7 +189,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     metrics = MetricsLog(out / "metrics.jsonl", resume_step=resume_step, enabled=accelerator.is_main_process,
                          mirror=accelerator.log if trackers else None)
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
-               state, metrics, stop_rule, data_changes=data_changes, config_changes=config_changes, lock=lock,
+               state, metrics, stop_rule, collapse, data_changes=data_changes, config_changes=config_changes, lock=lock,
                tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked,
                rewards_logged=rewards_logged)
 
@@ -506,6 +518,15 @@ def evaluate_and_log(run: Run, step: int) -> None:
     reason = run.stop_rule.update(run.last_val)  # same values on every rank: all agree
     if reason and step > 0:
         run.state.stopped_early = reason
+    collapsed = run.collapse.update(run.last_val, step)
+    if collapsed and run.cfg.train.on_collapse == "warn":
+        log.warning("%s; train.on_collapse=warn: going on", collapsed)
+    elif collapsed:  # before this step is saved: the newest checkpoint is still the critic that had learned
+        saved = sorted(ckpt.find_checkpoints(run.out))
+        kept = f"step_{saved[-1]} is intact" if saved else "no checkpoint was written"
+        raise UserError(f"{collapsed}: stopped before saving it ({kept}); start a new output_dir with a lower "
+                        f"optim.lr (now {run.cfg.optim.lr:g}), Monte-Carlo targets (targets.values_from=none "
+                        "targets.lam=1.0), or train.on_collapse=warn to go on", exit_code=EXIT_FAILED)
 
 
 def save(run: Run, step: int) -> None:

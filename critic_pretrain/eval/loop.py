@@ -5,6 +5,7 @@ one all-reduce. ``evaluate`` (used by ``train.py``) returns the flat dict of sca
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable
 
 import numpy as np
@@ -75,7 +76,8 @@ def evaluate_detailed(model: torch.nn.Module, store: RolloutStore, indices: np.n
 class EvalSums:
     """Everything an evaluation adds up, one micro-batch at a time: per-group value sums against
     the targets and against the true values [2, G, 6] (G: position, turn and calibration groups),
-    the advantage-pair sums [N_ROWS, 6] and the group-mean EV sums [N_EV, 6]. Sums add across
+    the advantage-pair sums [N_ROWS, 6], the group-mean EV sums [N_EV, 6] and the spread of the
+    values and targets [5] (weighted n, sum v, sum v^2, sum t, sum t^2). Sums add across
     micro-batches and ranks, so an evaluation costs one all-reduce and one host sync (``reduce``),
     whatever its size; ``evaluation`` turns the reduced sums into metrics and tables."""
 
@@ -85,6 +87,7 @@ class EvalSums:
         self.values = torch.zeros(2, n_groups(grid.cells), N_SUMS, dtype=torch.float64, device=device)
         self.pair = torch.zeros(advantage.N_ROWS, N_SUMS, dtype=torch.float64, device=device)
         self.ev = torch.zeros(advantage.N_EV, N_SUMS, dtype=torch.float64, device=device)
+        self.spread = torch.zeros(5, dtype=torch.float64, device=device)
 
     def add(self, values: torch.Tensor, batch: PackedBatch, rows: np.ndarray,
             cold_values: torch.Tensor | None = None) -> None:
@@ -94,13 +97,15 @@ class EvalSums:
                                         grouped=self.groups.grouped, cold_values=cold_values)
         self.pair += pair
         self.ev += ev
+        w, v, t = batch.weights.double(), values.detach().double(), batch.targets.double()         # [1, N]
+        self.spread += torch.stack([w.sum(), (w * v).sum(), (w * v * v).sum(), (w * t).sum(), (w * t * t).sum()])
 
     def reduce(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Sum over ranks: the one collective, and the one host sync, of an evaluation."""
-        parts = (self.values, self.pair, self.ev)
+        parts = (self.values, self.pair, self.ev, self.spread)
         flat = reduce(torch.cat([t.flatten() for t in parts])).cpu()
-        self.values, self.pair, self.ev = (chunk.view(t.shape) for chunk, t in
-                                           zip(flat.split([t.numel() for t in parts]), parts))
+        self.values, self.pair, self.ev, self.spread = (chunk.view(t.shape) for chunk, t in
+                                                        zip(flat.split([t.numel() for t in parts]), parts))
 
     def evaluation(self, *, has_oracle: bool, prefix: str) -> Evaluation:
         result = finish(self.values, self.grid, has_oracle=has_oracle, prefix=prefix)
@@ -108,6 +113,10 @@ class EvalSums:
         result.turn_change = advantage.turn_changes(self.pair)
         if result.metrics:
             result.metrics.update(advantage.metrics(self.pair, self.ev, prefix))
+            n, sv, svv, st, stt = self.spread.tolist()
+            std = lambda s, ss: math.sqrt(max(ss / n - (s / n) ** 2, 0.0))  # noqa: E731
+            result.metrics[f"{prefix}/value_std"] = std(sv, svv)  # a collapsed critic: near 0
+            result.metrics[f"{prefix}/target_std"] = std(st, stt)
         return result
 
 

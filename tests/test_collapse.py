@@ -1,0 +1,90 @@
+"""A critic that collapses to a constant is caught: ``CollapseWatch`` on validation records, and the
+training loop's stop before the collapsed step is saved (``train.on_collapse``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from critic_pretrain.metrics import CollapseWatch
+
+
+def rec(step: int, std: float, spread: float = 0.4, ev: float = 0.3) -> dict:
+    return {"step": step, "val/value_std": std, "val/target_std": spread, "val/explained_variance": ev}
+
+
+def test_a_critic_that_learned_and_lost_its_spread_is_a_collapse():
+    watch = CollapseWatch()
+    assert watch.update(rec(0, 0.001, ev=0.0), 0) is None        # a fresh head starts flat: not a collapse
+    assert watch.update(rec(50, 0.15), 50) is None                 # learned: 37% of the targets' spread
+    assert watch.update(rec(100, 0.05), 100) is None               # lower, still 12%
+    said = watch.update(rec(150, 0.004, ev=0.001), 150)
+    assert said.startswith("the critic collapsed to a near-constant value at step 150")
+    assert "1.0% of the targets' spread" in said and "at step 50 it was 37.5%" in said
+
+
+def test_a_critic_that_never_learned_or_has_no_spread_to_learn_is_not_a_collapse():
+    watch = CollapseWatch()
+    for step in range(0, 500, 50):  # flat throughout: EV and the docs flag this, the watch does not
+        assert watch.update(rec(step, 0.01), step) is None
+    watch = CollapseWatch()
+    assert watch.update(rec(0, 0.2), 0) is None
+    assert watch.update(rec(50, 0.0, spread=0.0), 50) is None      # targets without spread: nothing to say
+    assert watch.update({"step": 60, "val/loss": 0.1}, 60) is None  # no spread logged (older runs)
+
+
+def test_a_resumed_run_remembers_the_peak(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [rec(0, 0.0), rec(50, 0.2), rec(100, 0.01)]))
+    watch = CollapseWatch()
+    watch.replay(path, upto=50)
+    assert watch.peak == pytest.approx(0.5) and watch.peak_step == 50
+    assert watch.update(rec(100, 0.01), 100) is not None
+
+
+def collapsing_evaluate(monkeypatch, at_call: int):
+    """The real evaluation, with the values' spread set to 50% of the targets' at the second
+    evaluation (the critic learned) and to 0.1% from ``at_call`` on (it collapsed)."""
+    import critic_pretrain.train as train
+
+    real, calls = train.evaluate, []
+
+    def evaluate(*args, **kwargs):
+        out = dict(real(*args, **kwargs))
+        calls.append(len(calls))
+        share = 0.001 if len(calls) - 1 >= at_call else 0.5 if len(calls) - 1 >= 1 else 0.0
+        out["val/value_std"] = share * out["val/target_std"]
+        return out
+
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    return calls
+
+
+def test_training_stops_before_saving_a_collapsed_critic(tmp_path, toy_data, monkeypatch, capfd):
+    from conftest import tiny_overrides, train_main
+
+    from critic_pretrain.checkpoint import find_checkpoints
+
+    collapsing_evaluate(monkeypatch, at_call=2)  # evaluations at steps 0, 4, 8: collapsed at 8
+    out = tmp_path / "run"
+    code = train_main(tiny_overrides(out, toy_data, **{"eval.every": 4, "train.max_steps": 12}))
+    assert code == 1
+    assert sorted(find_checkpoints(out)) == [4]  # step 8 was never written
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and "collapsed to a near-constant value at step 8" in said[0]
+    assert "step_4 is intact" in said[0] and "optim.lr" in said[0]
+
+
+def test_on_collapse_warn_logs_a_line_per_evaluation_and_finishes(tmp_path, toy_data, monkeypatch, capfd):
+    from conftest import tiny_overrides, train_main
+
+    from critic_pretrain.checkpoint import find_checkpoints
+
+    collapsing_evaluate(monkeypatch, at_call=2)
+    out = tmp_path / "run"
+    code = train_main(tiny_overrides(out, toy_data, **{"eval.every": 4, "train.max_steps": 12,
+                                                        "train.on_collapse": "warn"}))
+    assert code == 0 and sorted(find_checkpoints(out)) == [4, 8, 12]
+    warned = [line for line in capfd.readouterr().err.splitlines() if "WARNING the critic collapsed" in line]
+    assert len(warned) == 2 and "at step 8" in warned[0] and "going on" in warned[0]  # steps 8 and 12
