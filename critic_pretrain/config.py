@@ -155,6 +155,12 @@ class TargetsConfig:
     critic's `values` column), `critic` (this critic's own detached predictions, recomputed
     every micro-batch: semi-gradient TD(lambda); validation is still against Monte-Carlo
     returns so runs stay comparable)."""
+    refresh_every: int = 0
+    """With `values_from: critic`: bootstrap from a frozen copy of the critic (a target network)
+    refreshed every this many optimizer steps, as PPO bootstraps from the values of the critic
+    that collected a batch; 0: from the values being trained (semi-gradient TD). Costs one more
+    forward per micro-batch and a copy of the weights (saved with each checkpoint, so a resume is
+    exact); not with FSDP yet."""
     reward_scale: float = 1.0
     """Outcome and per-token rewards are multiplied by this (before `reward_shift`)."""
     reward_shift: float = 0.0
@@ -179,6 +185,10 @@ class TargetsConfig:
         need(self.lam == 1.0 or self.values_from != "none",
              f"targets.lam={self.lam} < 1 needs bootstrap values; set targets.values_from=data "
              "(the rollouts' `values` column), targets.values_from=critic (its own predictions) or targets.lam=1.0")
+        need(self.refresh_every >= 0, f"targets.refresh_every={self.refresh_every} must be >= 0 (0: no target network)")
+        need(self.refresh_every == 0 or self.values_from == "critic",
+             f"targets.refresh_every={self.refresh_every} needs targets.values_from=critic (it refreshes the copy "
+             "of the critic the TD targets bootstrap from)")
         if self.reward_clip is not None:
             need(len(self.reward_clip) == 2 and self.reward_clip[0] <= self.reward_clip[1],
                  f"targets.reward_clip={self.reward_clip} must be [min, max] with min <= max")

@@ -101,6 +101,8 @@ class Run:
     stop_rule: StopRule
     collapse: CollapseWatch = field(default_factory=CollapseWatch)
     """Watches the validation values' spread (``train.on_collapse``)."""
+    target: torch.nn.Module | None = None
+    """The frozen copy of the critic TD targets bootstrap from (``targets.refresh_every``)."""
     last_val: dict = field(default_factory=dict)
     data_changes: list = field(default_factory=list)
     """Accepted changes of the rollout files across resumes (``data.allow_changes``)."""
@@ -174,6 +176,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     model = make_model(cfg, hf_config, data, resume_dir, accelerator.device, mp, layout)
     model, optimizer, scheduler = place_and_optimize(cfg, model, accelerator)
     state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout) if resume_dir else TrainState()
+    target = target_network(cfg, accelerator.unwrap_model(model), resume_dir, state.step)
     resume_step = state.step if resume_dir else None
     stop_rule, collapse = StopRule(cfg.train.stop_when), CollapseWatch()
     metric_names_checked = False
@@ -191,7 +194,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
                state, metrics, stop_rule, collapse, data_changes=data_changes, config_changes=config_changes, lock=lock,
                tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked,
-               rewards_logged=rewards_logged)
+               rewards_logged=rewards_logged, target=target)
 
 
 def make_accelerator(cfg: Config):
@@ -322,9 +325,37 @@ def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: La
     return TrainState(**saved["progress"])
 
 
-def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], accelerator, cfg: Config):
+def target_network(cfg: Config, raw: torch.nn.Module, resume_dir: Path | None, step: int) -> torch.nn.Module | None:
+    """The frozen critic copy TD targets bootstrap from (``targets.refresh_every``), or None. A
+    fresh run copies the initial weights; a resume loads the copy the checkpoint saved (it dates
+    from the last refresh, which is not the checkpoint's step in general)."""
+    every = cfg.targets.refresh_every
+    if not every:
+        return None
+    if parallel.is_fsdp(raw):
+        raise UserError("targets.refresh_every is not supported with FSDP yet: use DDP (one full copy of the "
+                        "critic per rank) or targets.refresh_every=0")
+    import copy
+
+    from safetensors.torch import load_file
+
+    target = copy.deepcopy(raw).eval().requires_grad_(False)  # costs one more copy of the weights
+    if resume_dir is not None:
+        saved = ckpt.StepPaths(resume_dir).target_weights
+        if saved.is_file():
+            target.load_state_dict(load_file(saved, device=str(next(raw.parameters()).device)))
+        elif step % every:
+            raise UserError(f"{resume_dir} has no {saved.name} (the target network of targets.refresh_every="
+                            f"{every}), and step {step} is not a refresh step: it cannot be resumed exactly; resume "
+                            "from a step that is a multiple of it (checkpoint.load_step) or start a new output_dir")
+    return target
+
+
+def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], accelerator, cfg: Config,
+               target: torch.nn.Module | None = None):
     """One optimizer step over this rank's micro-batches; returns (loss sums [6], grad norm,
-    valid tokens of the step on all ranks), all on the device.
+    valid tokens of the step on all ranks), all on the device. ``target``: the network TD
+    targets bootstrap from (``targets.refresh_every``); None: the values being trained.
 
     Loss normalisation: every token's squared error is divided by the number of valid
     (policy, weight > 0) tokens in the whole step, summed over micro-batches and ranks,
@@ -343,7 +374,11 @@ def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], ac
             values = token_values(model, mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)  # [1, N]
             targets = mb.targets
             if cfg.targets.values_from == "critic":  # TD(lambda) from its own values (2 host syncs)
-                targets = bootstrapped_returns(values, mb, gamma=cfg.targets.gamma, lam=cfg.targets.lam)
+                boot = values
+                if target is not None:  # one more forward, no graph
+                    with torch.no_grad(), accelerator.autocast():
+                        boot = token_values(target, mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)
+                targets = bootstrapped_returns(boot, mb, gamma=cfg.targets.gamma, lam=cfg.targets.lam)
             sq_err = mb.weights * (values - targets).square()                                        # [1, N]
             accelerator.backward(sq_err.sum() * scale)
         sums += value_sums(values, targets, mb.weights)
@@ -448,9 +483,11 @@ def train_loop(run: Run, preempt: Preemption) -> int:
                          pin_memory=torch.cuda.is_available(), with_rewards=cfg.targets.values_from == "critic")
         while state.step_in_epoch < steps_in_epoch and state.step < cfg.train.max_steps:
             micro = [next(batches).to(acc.device) for _ in range(layout.grad_accum)]
-            sums, grad_norm, valid = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg)
+            sums, grad_norm, valid = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg, run.target)
             window.add(sums, micro, grad_norm, valid)
             state.step += 1
+            if run.target is not None and state.step % cfg.targets.refresh_every == 0:
+                run.target.load_state_dict(acc.unwrap_model(run.model).state_dict())
             state.step_in_epoch += 1
             bar.update(1)
             faults.hit("in_step", state.step)  # tests only (faults.py); a no-op otherwise
@@ -564,8 +601,8 @@ def _save_checkpoint(run: Run, step: int, raw, info: dict, manifest: dict) -> No
         scheduler_meta=scheduler_metadata(cfg.optim, cfg.train.max_steps, step, run.scheduler, state, run.layout,
                                           cfg.data.max_tokens),
         config_yaml=yaml.safe_dump(cfg.to_dict(), sort_keys=False), resume_state={"progress": vars(state)},
-        tokenizer=run.tokenizer, is_main=run.accelerator.is_main_process, rank=run.layout.rank,
-        barrier=run.accelerator.wait_for_everyone)
+        tokenizer=run.tokenizer, target_model=run.target, is_main=run.accelerator.is_main_process,
+        rank=run.layout.rank, barrier=run.accelerator.wait_for_everyone)
 
 
 def _agree(flag: bool, accelerator) -> bool:

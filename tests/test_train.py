@@ -380,3 +380,52 @@ def test_td_lambda_from_the_critic_trains_on_its_own_bootstrapped_targets(toy_da
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert all(math.isfinite(r["train/loss"]) for r in records if "train/loss" in r)
     assert any("val/explained_variance" in r for r in records)
+
+
+# ---------------------------------------------------------------------------------------------
+# targets.refresh_every: TD targets from a target network
+
+TD = {"targets.lam": 0.8, "targets.values_from": "critic", "train.max_steps": 8, "checkpoint.save_every": 0}
+
+
+def test_a_target_network_refreshed_every_step_is_semi_gradient_td(toy_data, tmp_path):
+    """refresh_every=1 bootstraps from the weights before each step: what the online critic does."""
+    assert train(tmp_path / "online", toy_data, **TD) == 0
+    assert train(tmp_path / "every1", toy_data, **TD, **{"targets.refresh_every": 1}) == 0
+    wa, wb = weights(tmp_path / "online" / "step_8"), weights(tmp_path / "every1" / "step_8")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    assert train(tmp_path / "every4", toy_data, **TD, **{"targets.refresh_every": 4}) == 0
+    wc = weights(tmp_path / "every4" / "step_8")
+    assert any(not torch.allclose(wa[k], wc[k], atol=1e-4) for k in wa)  # a stale target changes training
+
+
+def test_resume_between_refreshes_is_exact(toy_data, tmp_path, monkeypatch):
+    """Stopped at step 6 (the target dates from step 4) and resumed: the same weights as straight."""
+    every4 = {**TD, "targets.refresh_every": 4, "checkpoint.save_every": 4}
+    assert train(tmp_path / "straight", toy_data, **every4) == 0
+    out = tmp_path / "stopped"
+    monkeypatch.setenv("CRITIC_PRETRAIN_SIGNAL_AT_STEP", "6")
+    assert train(out, toy_data, **every4) == 75
+    assert ckpt.StepPaths(out / "step_6").target_weights.is_file()
+    monkeypatch.delenv("CRITIC_PRETRAIN_SIGNAL_AT_STEP")
+    assert train(out, toy_data, **every4) == 0
+    assert_same_weights(out / "step_8", tmp_path / "straight" / "step_8")
+    # Without the saved target a resume at step 6 would bootstrap from step 6's weights: refused.
+    from critic_pretrain.config_io import load_config
+    from critic_pretrain.errors import UserError
+    from critic_pretrain.model import build_value_model
+    from critic_pretrain.train import target_network
+
+    cfg = load_config(None, tiny_overrides(out, toy_data, **every4))
+    raw, bare = build_value_model(cfg.model), tmp_path / "step_6_without_target"
+    (bare / "resume").mkdir(parents=True)
+    with pytest.raises(UserError, match="not a refresh step"):
+        target_network(cfg, raw, bare, 6)
+    assert target_network(cfg, raw, bare, 8) is not None  # at a refresh step the weights are the target
+    saved = target_network(cfg, raw, out / "step_6", 6)
+    assert all(torch.equal(saved.state_dict()[k], v) for k, v in weights(out / "step_4").items())
+
+
+def test_refresh_every_needs_bootstrapped_targets(toy_data, tmp_path, capsys):
+    assert train(tmp_path / "mc", toy_data, **{"targets.refresh_every": 4}) == 2
+    assert "targets.refresh_every=4 needs targets.values_from=critic" in capsys.readouterr().err

@@ -121,6 +121,11 @@ class StepPaths:
     def rng(self, rank: int) -> Path:
         return self.resume_dir / f"rng_rank{rank}.safetensors"
 
+    @property
+    def target_weights(self) -> Path:
+        """The target network's weights (``targets.refresh_every``); absent without one."""
+        return self.resume_dir / "target.safetensors"
+
     # readers (None when the file is missing or unreadable)
     def read_training_info(self) -> dict | None:
         return fileio.read_json(self.training_info)

@@ -102,6 +102,7 @@ def save_checkpoint(
     config_yaml: str,
     resume_state: dict,
     tokenizer=None,
+    target_model: torch.nn.Module | None = None,
     is_main: bool = True,
     rank: int = 0,
     barrier=lambda: None,
@@ -109,7 +110,8 @@ def save_checkpoint(
     """Write ``step_<step>`` atomically. Collective: every rank calls it.
 
     ``model`` is the (possibly FSDP-sharded) module; the full state dict is gathered to
-    CPU on every rank's behalf and written by the main process.
+    CPU on every rank's behalf and written by the main process. ``target_model``: the TD target
+    network (a plain module, the same on every rank), written to ``resume/target.safetensors``.
     """
     root = Path(output_dir)
     tmp = root / f"tmp_step_{step}"
@@ -117,7 +119,7 @@ def save_checkpoint(
     p = StepPaths(tmp)
     try:
         _save(p, step, model, optimizer, scheduler, hf_config, training_info, scheduler_meta, manifest, config_yaml,
-              resume_state, tokenizer, is_main, rank, barrier)
+              resume_state, tokenizer, target_model, is_main, rank, barrier)
     except OSError as e:  # full disk, quota, permissions: keep what was there, remove the partial save
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -132,7 +134,7 @@ def save_checkpoint(
 
 
 def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_info, scheduler_meta, manifest,
-          config_yaml, resume_state, tokenizer, is_main, rank, barrier) -> None:
+          config_yaml, resume_state, tokenizer, target_model, is_main, rank, barrier) -> None:
     """Write everything of one checkpoint under the temporary folder ``p.root``."""
     tmp = p.root
     if is_main:
@@ -169,6 +171,9 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         fileio.write_json(p.training_info, training_info)
         fileio.write_text(p.config_yaml, config_yaml)
         fileio.write_json(p.resume_state, resume_state)
+        if target_model is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in target_model.state_dict().items()},
+                      p.target_weights, metadata={"format": "pt"})
         faults.hit("before_manifest", step)
         fileio.write_json(p.manifest, stamp(manifest, step, files_manifest(tmp)))
         fileio.fsync_tree(tmp)
