@@ -12,6 +12,7 @@
                                            changes, versions, every file's size and checksum
         resume/state.json                  step, epoch, data position, early-stop reason (ours)
         resume/rng_rank<r>.safetensors     each rank's RNG state (ours; no pickle)
+        resume/target.safetensors          the TD target network (targets.refresh_every > 0; ours)
 
 ``StepPaths`` names every one of these files; this module writes them all (``save_checkpoint``,
 also for the NeMo-RL export's copy) and reads them back.
