@@ -52,6 +52,7 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.95": ("TD(0.95)", ["targets.lam=0.95"]),
     "td0.8-1200": ("TD(0.8), 1200 steps", ["train.max_steps=1200"]),
     "refresh50": ("TD(0.8) from a target network refreshed every 50 steps", ["targets.refresh_every=50"]),
+    "turn-weighted": ("TD(0.8), each policy turn weighted alike", ["data.weighting=turn"]),
 }
 
 

@@ -106,6 +106,11 @@ class DataConfig:
     the training data weighs `0.5 ** (h / recency_half_life)` in the loss and in validation
     (rows without `policy_version` weigh as the oldest). For a critic that PPO will use on the
     newest policy. Null: every version alike."""
+    weighting: Literal["token", "turn"] = "token"
+    """How the training loss weighs a rollout's policy tokens: `token` (each alike), or `turn`
+    (each policy turn of a rollout an equal share of its policy tokens, so a short decisive turn
+    counts as much as a long one; the rollout's total weight is unchanged). Validation metrics
+    stay token-weighted."""
     num_workers: int | None = None
     """DataLoader workers that pack and prefetch micro-batches. Default: 2 on CUDA, 0 on CPU."""
     cache_dir: str | None = None

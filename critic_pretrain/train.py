@@ -480,7 +480,8 @@ def train_loop(run: Run, preempt: Preemption) -> int:
         steps_in_epoch = len(plan) // layout.per_step
         rank_batches = [mb for s in range(state.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
         batches = loader(run.data.train, rank_batches, run.data.max_length, num_workers=num_workers,
-                         pin_memory=torch.cuda.is_available(), with_rewards=cfg.targets.values_from == "critic")
+                         pin_memory=torch.cuda.is_available(), with_rewards=cfg.targets.values_from == "critic",
+                         by_turn=cfg.data.weighting == "turn")
         while state.step_in_epoch < steps_in_epoch and state.step < cfg.train.max_steps:
             micro = [next(batches).to(acc.device) for _ in range(layout.grad_accum)]
             sums, grad_norm, valid = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg, run.target)

@@ -323,3 +323,35 @@ def test_a_rollout_cut_at_max_length_keeps_its_return_for_bootstrapping(rows_dir
     td = bootstrapped_returns(zeros, short, gamma=0.9, lam=1.0)
     torch.testing.assert_close(td[0, :cut][torch.from_numpy(mask) == 1],
                                full.targets[0, :cut][torch.from_numpy(mask) == 1], rtol=1e-5, atol=1e-6)
+
+
+def test_turn_weights_give_each_turn_an_equal_share_of_its_rollout(toy_data, tmp_path):
+    """``data.weighting: turn`` against a per-rollout loop, and a run that trains with it."""
+    from conftest import tiny_overrides, train_main
+
+    from critic_pretrain.data.collate import turn_weights
+
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1, 30, size=40)
+    policy = rng.random(int(lens.sum())) < 0.6
+    got = turn_weights(policy, lens)
+    at = 0
+    for n in lens.tolist():
+        m = policy[at:at + n]
+        turns, run = [], []
+        for i, x in enumerate(m):  # runs of policy tokens, by hand
+            if x:
+                run.append(i)
+            elif run:
+                turns.append(run)
+                run = []
+        if run:
+            turns.append(run)
+        expected = np.zeros(n)
+        for t in turns:
+            expected[t] = m.sum() / (len(turns) * len(t))
+        assert np.allclose(got[at:at + n], expected)
+        assert np.isclose(got[at:at + n].sum(), m.sum())  # the rollout's total weight is unchanged
+        at += n
+    assert train_main(tiny_overrides(tmp_path / "run", toy_data, **{"data.weighting": "turn",
+                                                                      "train.max_steps": 4})) == 0

@@ -18,9 +18,10 @@ log = logging.getLogger(__name__)
 
 
 def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *,
-                   with_rewards: bool = False) -> PackedBatch:
+                   with_rewards: bool = False, by_turn: bool = False) -> PackedBatch:
     """One micro-batch as a single packed row (``packed.PackedBatch``); ``with_rewards`` fills the
-    fields evaluation and TD targets read (rewards, outcome, oracle, old values)."""
+    fields evaluation and TD targets read (rewards, outcome, oracle, old values); ``by_turn``
+    weighs each policy turn of a rollout alike (``data.weighting: turn``)."""
     t = store.table.take(pa.array(rows))
     if int(store.lengths[rows].max()) > max_length:
         t = pa.table({name: (pc.list_slice(t.column(name), 0, max_length)
@@ -40,6 +41,8 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *,
         row_weight = row_weight * store.row_scale[rows]
     weight = np.repeat(row_weight, lens)
     weights = flat("loss_mask", np.float32) * weight
+    if by_turn:
+        weights *= turn_weights(weights > 0, lens)
     batch = PackedBatch(input_ids=torch.from_numpy(flat("input_ids", np.int64))[None],
                         position_ids=torch.from_numpy(position_ids)[None],
                         targets=torch.from_numpy(flat("returns", np.float32))[None],
@@ -64,6 +67,23 @@ def collate_packed(store: RolloutStore, rows: np.ndarray, max_length: int, *,
     return batch
 
 
+def turn_weights(policy: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """[N] factors on packed policy tokens (``policy``: [N] bool, rows of ``lens``): a token of a
+    turn of ``n`` tokens, in a row of ``P`` policy tokens and ``k`` turns, gets ``P / (k * n)``, so
+    each turn sums to ``P / k`` and the row to ``P``. A turn is a run of policy tokens."""
+    row = np.repeat(np.arange(len(lens)), lens)
+    first = policy.copy()
+    first[1:] &= ~policy[:-1] | (row[1:] != row[:-1])                   # a turn starts here
+    turn = np.cumsum(first) - 1                                          # [N] turn index (valid on policy)
+    turn_len = np.bincount(turn[policy], minlength=int(first.sum()))
+    p_row = np.bincount(row[policy], minlength=len(lens))
+    k_row = np.bincount(row[first], minlength=len(lens))
+    out = np.zeros(len(policy), np.float32)
+    t = np.flatnonzero(policy)
+    out[t] = p_row[row[t]] / (k_row[row[t]] * turn_len[turn[t]])
+    return out
+
+
 def _return_at_cut(rewards: np.ndarray, targets: np.ndarray, mask: np.ndarray, starts: np.ndarray,
                    lens: np.ndarray) -> None:
     """In place: the rewards past a cut are gone, so the last kept policy token of each cut
@@ -78,20 +98,23 @@ def _return_at_cut(rewards: np.ndarray, targets: np.ndarray, mask: np.ndarray, s
 class MicroBatches(torch.utils.data.Dataset):
     """A list of micro-batches (row index arrays) as a map-style dataset of packed batches."""
 
-    def __init__(self, store: RolloutStore, batches: list[np.ndarray], max_length: int, with_rewards: bool = False):
+    def __init__(self, store: RolloutStore, batches: list[np.ndarray], max_length: int, with_rewards: bool = False,
+                 by_turn: bool = False):
         self.store, self.batches, self.max_length, self.with_rewards = store, batches, max_length, with_rewards
+        self.by_turn = by_turn
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict:
-        return collate_packed(self.store, self.batches[i], self.max_length, with_rewards=self.with_rewards)
+        return collate_packed(self.store, self.batches[i], self.max_length, with_rewards=self.with_rewards,
+                              by_turn=self.by_turn)
 
 
 def loader(store: RolloutStore, batches: list[np.ndarray], max_length: int, *, num_workers: int = 0,
-           pin_memory: bool = False, with_rewards: bool = False) -> Iterator[PackedBatch]:
+           pin_memory: bool = False, with_rewards: bool = False, by_turn: bool = False) -> Iterator[PackedBatch]:
     """Iterate packed micro-batches in order; workers prefetch so the device does not wait."""
-    ds = MicroBatches(store, batches, max_length, with_rewards)
+    ds = MicroBatches(store, batches, max_length, with_rewards, by_turn)
     return iter(torch.utils.data.DataLoader(
         ds, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
         prefetch_factor=4 if num_workers else None, persistent_workers=False,
