@@ -53,6 +53,7 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.8-1200": ("TD(0.8), 1200 steps", ["train.max_steps=1200"]),
     "refresh50": ("TD(0.8) from a target network refreshed every 50 steps", ["targets.refresh_every=50"]),
     "turn-weighted": ("TD(0.8), each policy turn weighted alike", ["data.weighting=turn"]),
+    "lam-horizon": ("TD with lambda per horizon, 1 - 1 / (0.05 x policy tokens)", ["targets.lam_alpha=0.05"]),
 }
 
 

@@ -160,6 +160,11 @@ class TargetsConfig:
     critic's `values` column), `critic` (this critic's own detached predictions, recomputed
     every micro-batch: semi-gradient TD(lambda); validation is still against Monte-Carlo
     returns so runs stay comparable)."""
+    lam_alpha: float | None = None
+    """Lambda per horizon (VAPO's length-adaptive lambda, for the critic's targets): a rollout of
+    `n` policy tokens bootstraps with lambda = 1 - 1 / (lam_alpha * n), so long rollouts lean on
+    their rewards and short ones on the values; replaces `lam` (needs bootstrap values). Null:
+    `lam` for every rollout."""
     refresh_every: int = 0
     """With `values_from: critic`: bootstrap from a frozen copy of the critic (a target network)
     refreshed every this many optimizer steps, as PPO bootstraps from the values of the critic
@@ -190,6 +195,9 @@ class TargetsConfig:
         need(self.lam == 1.0 or self.values_from != "none",
              f"targets.lam={self.lam} < 1 needs bootstrap values; set targets.values_from=data "
              "(the rollouts' `values` column), targets.values_from=critic (its own predictions) or targets.lam=1.0")
+        need(self.lam_alpha is None or self.lam_alpha > 0, f"targets.lam_alpha={self.lam_alpha} must be > 0 or null")
+        need(self.lam_alpha is None or self.values_from != "none",
+             f"targets.lam_alpha={self.lam_alpha} needs bootstrap values (targets.values_from=critic or data)")
         need(self.refresh_every >= 0, f"targets.refresh_every={self.refresh_every} must be >= 0 (0: no target network)")
         need(self.refresh_every == 0 or self.values_from == "critic",
              f"targets.refresh_every={self.refresh_every} needs targets.values_from=critic (it refreshes the copy "

@@ -52,6 +52,7 @@ __all__ = [
     "compute_gae",
     "compute_returns",
     "length_adaptive_lambda",
+    "critic_lambda",
     "bootstrapped_returns",
     "place_outcome_rewards",
     "token_level_rewards",
@@ -288,16 +289,23 @@ def token_level_rewards(reward: Tensor | None, token_rewards: Tensor | None, mas
     return rewards
 
 
+def critic_lambda(mask: Tensor, lam: float, alpha: float | None) -> float | Tensor:
+    """The critic's GAE lambda for rows of ``mask`` [B, T]: ``lam``, or with ``alpha``
+    (``targets.lam_alpha``) the per-row length-adaptive ``[B]`` lambdas."""
+    return lam if alpha is None else length_adaptive_lambda(_as_bool_mask(mask).sum(1), alpha)
+
+
 @torch.no_grad()
-def bootstrapped_returns(values: Tensor, batch: "PackedBatch", *, gamma: float, lam: float) -> Tensor:
+def bootstrapped_returns(values: Tensor, batch: "PackedBatch", *, gamma: float, lam: float,
+                         lam_alpha: float | None = None) -> Tensor:
     """TD(lambda) targets of a packed micro-batch from the critic's own (detached) values:
     GAE returns ``A_t + V_t`` with ``V`` the current predictions (``targets.values_from:
     critic``, semi-gradient TD(lambda), as PPO's critic update bootstraps from the values of
     the rollout's critic). ``values`` / ``batch.rewards``: [1, N]; returns [1, N] float32,
     0 off policy tokens. Costs one GAE over the policy rows; no extra forward."""
     rows = batch.policy_rows()
-    returns = compute_returns(rows.rows(batch.rewards), rows.mask, gamma=gamma, lam=lam,
-                              values=rows.rows(values.detach()))                  # [k, W]
+    returns = compute_returns(rows.rows(batch.rewards), rows.mask, gamma=gamma,
+                              lam=critic_lambda(rows.mask, lam, lam_alpha), values=rows.rows(values.detach()))  # [k, W]
     return rows.packed(returns, values.shape[1])
 
 

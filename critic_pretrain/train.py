@@ -378,7 +378,8 @@ def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], ac
                 if target is not None:  # one more forward, no graph
                     with torch.no_grad(), accelerator.autocast():
                         boot = token_values(target, mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)
-                targets = bootstrapped_returns(boot, mb, gamma=cfg.targets.gamma, lam=cfg.targets.lam)
+                targets = bootstrapped_returns(boot, mb, gamma=cfg.targets.gamma, lam=cfg.targets.lam,
+                                               lam_alpha=cfg.targets.lam_alpha)
             sq_err = mb.weights * (values - targets).square()                                        # [1, N]
             accelerator.backward(sq_err.sum() * scale)
         sums += value_sums(values, targets, mb.weights)

@@ -339,11 +339,13 @@ def test_bootstrapped_returns_match_the_per_timestep_loop_per_rollout():
                         position_ids=torch.cat([torch.arange(len(m)) for m in masks])[None],
                         targets=torch.zeros(1, n), weights=flat[None], seq_lens=torch.tensor([len(m) for m in masks]),
                         valid_tokens=int(flat.sum()), num_rows=len(masks), rewards=rewards)
-    got = bootstrapped_returns(values, batch, gamma=0.9, lam=0.8)[0]
-    want, start = [], 0
-    for m in masks:
-        part = slice(start, start + len(m))
-        want.append(reference_gae(rewards[:, part], torch.tensor([m]), gamma=0.9, lam=0.8,
-                                  values=values[:, part])[1][0])
-        start += len(m)
-    torch.testing.assert_close(got, torch.cat(want), atol=1e-6, rtol=1e-6)
+    for alpha in (None, 0.5):  # lam_alpha: each rollout's own lambda, 1 - 1 / (alpha * its policy tokens)
+        got = bootstrapped_returns(values, batch, gamma=0.9, lam=0.8, lam_alpha=alpha)[0]
+        want, start = [], 0
+        for m in masks:
+            part = slice(start, start + len(m))
+            lam = 0.8 if alpha is None else max(0.0, 1 - 1 / max(alpha * sum(m), 1.0))
+            want.append(reference_gae(rewards[:, part], torch.tensor([m]), gamma=0.9, lam=lam,
+                                      values=values[:, part])[1][0])
+            start += len(m)
+        torch.testing.assert_close(got, torch.cat(want), atol=1e-6, rtol=1e-6)

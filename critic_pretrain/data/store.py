@@ -23,7 +23,7 @@ from rollouts.paths import file_fingerprint, resolve
 
 from ..config import DataConfig, SourceConfig, TargetsConfig
 from ..errors import UserError
-from ..targets import RewardTransform, compute_returns, token_level_rewards
+from ..targets import RewardTransform, compute_returns, critic_lambda, token_level_rewards
 
 log = logging.getLogger(__name__)
 
@@ -368,9 +368,10 @@ def _with_targets(batch: pa.RecordBatch, rows: np.ndarray, path: Path, transform
                         "use rollouts with the collecting critic's values, or targets.lam=1.0")
     rewards = token_level_rewards(reward, token_rewards, mask, transform)              # [B, T]
     # values_from=critic bootstraps from the critic during training; the store keeps Monte-Carlo returns.
-    lam = 1.0 if targets.values_from == "critic" else targets.lam
+    lam = 1.0 if targets.values_from == "critic" else critic_lambda(mask, targets.lam, targets.lam_alpha)
     ret = compute_returns(rewards, mask, gamma=targets.gamma, lam=lam, values=values)  # [B, T]
-    mc = ret if lam == 1.0 and values is None else compute_returns(rewards, mask, gamma=targets.gamma, lam=1.0)
+    mc = (ret if isinstance(lam, float) and lam == 1.0 and values is None else
+          compute_returns(rewards, mask, gamma=targets.gamma, lam=1.0))
     valid = mask.bool()
     outcome = mc.gather(1, valid.long().argmax(1, keepdim=True))[:, 0]                 # [B] at 1st policy token
     sums = np.array([float(ret[valid].sum()), float(ret[valid].square().sum()), float(valid.sum())])
