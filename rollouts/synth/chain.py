@@ -321,9 +321,6 @@ class SynthEnv:
         """Filler length law of ``kind`` (prompt, policy, env) at the fitted scale."""
         return Lengths.make(BASE_MEAN[kind] * (self.scale if scale is None else scale), self.params.length_sigma)
 
-    def p_good(self) -> np.ndarray:
-        return self.params.p_good()
-
     def _build(self, scale: float) -> Chain:
         ch = self._build_chain(self.params, {k: self.lengths(k, scale) for k in BASE_MEAN})
         ch.freeze(self.params.token_penalty, self.params.gamma)
