@@ -1,4 +1,5 @@
-"""The throughput benchmark runs end to end at tiny size on CPU (figures are not asserted)."""
+"""The benchmarks: the throughput benchmark end to end at tiny size on CPU (figures are not asserted),
+and the PPO benchmark's bookkeeping (resume, summary, verdict) on hand-made runs."""
 
 from __future__ import annotations
 
@@ -25,3 +26,42 @@ def test_mfu_formula():
                peak_mem_gb=0.0)
     flops = 6 * 1e9 * 1000 + 12 * 10 * 100 * 1e6
     assert abs(r.mfu(n_matmul=10**9, layers=10, hidden=100, peak_tflops=1.0) - flops / 2.0 / 1e12) < 1e-12
+
+
+def _ppo_warm():
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("ppo_warm", ROOT / "bench" / "ppo_warm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ppo_benchmark_continues_its_own_runs_and_refuses_other_settings(tmp_path):
+    w = _ppo_warm()
+    settings = {"ppo": w.PPO, "steps": 30, "warmup": 50}
+    assert w.resume(tmp_path, settings) == []
+    (tmp_path / "runs.json").write_text(json.dumps([{"arm": "warm", "seed": 0}]))
+    assert w.resume(tmp_path, settings) == [{"arm": "warm", "seed": 0}]
+    import pytest
+    with pytest.raises(SystemExit, match="other settings"):
+        w.resume(tmp_path, {**settings, "warmup": 10})
+
+
+def test_ppo_benchmark_verdict_names_the_control_when_it_is_as_good():
+    w = _ppo_warm()
+
+    def run(arm, seed, reward, ev=0.1):
+        return {"arm": arm, "seed": seed, "warmup": [], "seconds": 1.0,
+                "steps": [{"reward": reward, "value_loss": 0.1, "ev": ev, "ev_prompt": 0.0, "seconds": i + 1.0}
+                          for i in range(10)]}
+    runs = [run(a, s, r + 0.01 * s) for s in (0, 1) for a, r in (("warm", 0.9), ("cold", 0.88), ("no critic", 0.9))]
+    rows = w.summarize(runs, pretrain_s=60.0, threshold=0.8, steps=10)
+    assert [r["arm"] for r in rows] == ["warm", "cold", "no critic"]
+    assert rows[0]["steps_to_threshold"] == [5, 5] and rows[0]["seconds_to_threshold"] == [65.0, 65.0]
+    said = w.verdict(rows)
+    assert "no critic" in said and "is as good" in said
+    runs = [run(a, s, r) for s in (0, 1) for a, r in (("warm", 0.95), ("no critic", 0.5))]
+    assert "is as good" not in w.verdict(w.summarize(runs, 60.0, 0.8, 10))
