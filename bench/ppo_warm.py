@@ -407,17 +407,22 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=50, help="critic-only steps (about the pretraining's wall clock)")
     p.add_argument("--threshold", type=float, default=0.8)
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--render", action="store_true",
+                   help="run nothing: summarise the arms already in --work (the seeds they have) and write")
     p.add_argument("--results", type=Path, default=NUMBERS,
                    help="where the numbers go; the plot and the docs block are written only for the default")
     args = p.parse_args()
     from examples.smollm2.model import hf_folder
-    folder = hf_folder()
+    folder = None if args.render else hf_folder()
     args.work.mkdir(parents=True, exist_ok=True)
     settings = {"ppo": PPO, "steps": args.steps, "warmup": args.warmup}
     runs = resume(args.work, settings)
-    export, pretrain_s = pretrain(folder, args.work) if "warm" in args.arms else (None, 0.0)
+    if args.render:
+        pretrain_s = float((args.work / "pretrain_seconds.txt").read_text())
+    else:
+        export, pretrain_s = pretrain(folder, args.work) if "warm" in args.arms else (None, 0.0)
     print(f"pretrained and exported in {pretrain_s:.0f} s; {len(runs)} arm runs already in {args.work}", flush=True)
-    for seed in range(args.first_seed, args.seeds):
+    for seed in [] if args.render else range(args.first_seed, args.seeds):
         for arm in args.arms:
             if any(r["arm"] == arm and r["seed"] == seed for r in runs):
                 continue
@@ -430,7 +435,7 @@ def main() -> None:
             (args.work / "runs.json").write_text(json.dumps(runs))
     runs = [r for r in runs if r["seed"] < args.seeds and r["arm"] in args.arms]
     rows = summarize(runs, pretrain_s, args.threshold, args.steps)
-    numbers = {"settings": {**settings, "seeds": args.seeds}, "threshold": args.threshold,
+    numbers = {"settings": {**settings, "seeds": len({r["seed"] for r in runs})}, "threshold": args.threshold,
                "pretrain_seconds": pretrain_s, "seconds": pretrain_s + sum(r["seconds"] for r in runs),
                "rows": rows, "verdict": verdict(rows), "runs": runs}
     args.results.write_text(json.dumps(numbers, indent=1) + "\n")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import torch
 import yaml
 
 from critic_pretrain import checkpoint as ckpt
-from critic_pretrain import faults, parallel, preflight, tracking
+from critic_pretrain import faults, parallel, preflight, target_network, tracking
 from critic_pretrain.checkpoint import resume
 from critic_pretrain.config import Config
 from critic_pretrain.data import (
@@ -39,7 +38,7 @@ from critic_pretrain.data import (
     plan_epoch,
     step_batches,
 )
-from critic_pretrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED, UserError, first_line
+from critic_pretrain.errors import EXIT_FAILED, EXIT_PREEMPTED, UserError, first_line
 from critic_pretrain.eval import evaluate
 from critic_pretrain.metrics import (
     N_SUMS,
@@ -63,6 +62,7 @@ from critic_pretrain.model import (
 )
 from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
 from critic_pretrain.packed import PackedBatch
+from critic_pretrain.preemption import Preemption
 from critic_pretrain.targets import bootstrapped_returns
 from rollouts import fileio
 from rollouts.tokenizer import fingerprint
@@ -125,36 +125,6 @@ class Run:
         return self.accelerator.reduce(t, "sum")
 
 
-class Preemption:
-    """SIGTERM / SIGUSR1 (cluster preemption) and Ctrl-C -> save at the next step boundary and
-    exit with ``exit_code``. A second Ctrl-C aborts at once (KeyboardInterrupt).
-
-    A context manager: the previous handlers come back when training ends.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-    def __init__(self):
-        self.requested = False
-        self.exit_code = 0
-
-    def __enter__(self) -> "Preemption":
-        self._old = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame):
-        if signum == signal.SIGINT and self.exit_code == EXIT_INTERRUPTED:
-            raise KeyboardInterrupt  # the second Ctrl-C: stop now, no save
-        self.requested = True
-        self.exit_code = EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED
-        log.warning("received %s: will save at the end of this step and exit%s", signal.Signals(signum).name,
-                    " (Ctrl-C again to abort without saving)" if signum == signal.SIGINT else "")
-
-
 def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     """Everything a run needs, in the order that fails fastest: the accelerator and the output
     folder's lock, the resume point (its checks run before anything in the folder is rewritten),
@@ -176,7 +146,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     model = make_model(cfg, hf_config, data, resume_dir, accelerator.device, mp, layout)
     model, optimizer, scheduler = place_and_optimize(cfg, model, accelerator)
     state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout) if resume_dir else TrainState()
-    target = target_network(cfg, accelerator.unwrap_model(model), resume_dir, state.step)
+    target = target_network.target_network(cfg, accelerator.unwrap_model(model), resume_dir, state.step)
     resume_step = state.step if resume_dir else None
     stop_rule, collapse = StopRule(cfg.train.stop_when), CollapseWatch()
     metric_names_checked = False
@@ -325,32 +295,6 @@ def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: La
     return TrainState(**saved["progress"])
 
 
-def target_network(cfg: Config, raw: torch.nn.Module, resume_dir: Path | None, step: int) -> torch.nn.Module | None:
-    """The frozen critic copy TD targets bootstrap from (``targets.refresh_every``), or None. A
-    fresh run copies the initial weights; a resume loads the copy the checkpoint saved (it dates
-    from the last refresh, which is not the checkpoint's step in general)."""
-    every = cfg.targets.refresh_every
-    if not every:
-        return None
-    if parallel.is_fsdp(raw):
-        raise UserError("targets.refresh_every is not supported with FSDP yet: use DDP (one full copy of the "
-                        "critic per rank) or targets.refresh_every=0")
-    import copy
-
-    from safetensors.torch import load_file
-
-    target = copy.deepcopy(raw).eval().requires_grad_(False)  # costs one more copy of the weights
-    if resume_dir is not None:
-        saved = ckpt.StepPaths(resume_dir).target_weights
-        if saved.is_file():
-            target.load_state_dict(load_file(saved, device=str(next(raw.parameters()).device)))
-        elif step % every:
-            raise UserError(f"{resume_dir} has no {saved.name} (the target network of targets.refresh_every="
-                            f"{every}), and step {step} is not a refresh step: it cannot be resumed exactly; resume "
-                            "from a step that is a multiple of it (checkpoint.load_step) or start a new output_dir")
-    return target
-
-
 def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], accelerator, cfg: Config,
                target: torch.nn.Module | None = None):
     """One optimizer step over this rank's micro-batches; returns (loss sums [6], grad norm,
@@ -488,8 +432,7 @@ def train_loop(run: Run, preempt: Preemption) -> int:
             sums, grad_norm, valid = train_step(run.model, run.optimizer, run.scheduler, micro, acc, cfg, run.target)
             window.add(sums, micro, grad_norm, valid)
             state.step += 1
-            if run.target is not None and state.step % cfg.targets.refresh_every == 0:
-                run.target.load_state_dict(acc.unwrap_model(run.model).state_dict())
+            target_network.refresh(run.target, acc.unwrap_model(run.model), state.step, cfg.targets.refresh_every)
             state.step_in_epoch += 1
             bar.update(1)
             faults.hit("in_step", state.step)  # tests only (faults.py); a no-op otherwise

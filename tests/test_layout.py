@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("critic_pretrain.attention",),
     ("critic_pretrain.model", "critic_pretrain.optim", "critic_pretrain.parallel"),
     ("critic_pretrain.checkpoint", "critic_pretrain.preflight", "critic_pretrain.tracking"),
-    ("critic_pretrain.eval",),
+    ("critic_pretrain.eval", "critic_pretrain.target_network", "critic_pretrain.preemption"),
     ("critic_pretrain.train", "critic_pretrain.plan"),
     ("critic_pretrain.interop", "critic_pretrain.report", "critic_pretrain.bench"),
     ("critic_pretrain.jobs",),

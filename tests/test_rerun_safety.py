@@ -116,7 +116,8 @@ def test_ctrl_c_saves_and_exits_130(toy_data, tmp_path):
 
 
 def test_second_ctrl_c_aborts_at_once():
-    from critic_pretrain.train import EXIT_INTERRUPTED, Preemption
+    from critic_pretrain.errors import EXIT_INTERRUPTED
+    from critic_pretrain.preemption import Preemption
     with Preemption() as p:
         os.kill(os.getpid(), signal.SIGINT)
         assert p.requested and p.exit_code == EXIT_INTERRUPTED

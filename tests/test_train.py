@@ -414,7 +414,7 @@ def test_resume_between_refreshes_is_exact(toy_data, tmp_path, monkeypatch):
     from critic_pretrain.config_io import load_config
     from critic_pretrain.errors import UserError
     from critic_pretrain.model import build_value_model
-    from critic_pretrain.train import target_network
+    from critic_pretrain.target_network import target_network
 
     cfg = load_config(None, tiny_overrides(out, toy_data, **every4))
     raw, bare = build_value_model(cfg.model), tmp_path / "step_6_without_target"
