@@ -24,20 +24,16 @@ from __future__ import annotations
 from itertools import product
 
 from .chain import Chain, Exit, Lengths, SynthParams
-from .multiturn import grader_segment
+from .multiturn import answer_segment
 from .vocab import (
     ACT_BAD,
     ACT_GOOD,
-    ANSWER_BAD,
-    ANSWER_GOOD,
     ENV_END,
-    EOS,
     EOT,
     FILLER_ENV,
     FILLER_POLICY,
     GAME_OVER,
     N_ACT_IDS,
-    N_ANSWER_IDS,
     N_DIFFICULTY,
     OK,
 )
@@ -51,8 +47,7 @@ def p_mistake(p: SynthParams):
 def build(p: SynthParams, lengths: dict[str, Lengths]) -> Chain:
     ch = Chain()
     lt, le = lengths["policy"], lengths["env"]
-    p_good, mistake = p.p_good(), p_mistake(p)
-    p_answer = (1.0 + p_good) / 2
+    mistake = p_mistake(p)
     ch.prompt(p, lengths["prompt"], lambda d, k: ch.state("turn", d, k))
     dead = ch.state("dead")
     ch.edge(dead, ch.end, 1.0, GAME_OVER, policy=False)
@@ -68,12 +63,5 @@ def build(p: SynthParams, lengths: dict[str, Lengths]) -> Chain:
         ch.edge(env, ok, 1.0, OK, policy=False)
         nxt = ch.state("answer", d) if r == 1 else ch.state("turn", d, r - 1)
         ch.filler(ok, ("env", d, r - 1), FILLER_ENV, le, [Exit(nxt, ENV_END)], policy=False)
-    for d in range(N_DIFFICULTY):
-        answer = ch.state("answer", d)
-        for good, prob, lo in ((True, p_answer[d], ANSWER_GOOD), (False, 1 - p_answer[d], ANSWER_BAD)):
-            first = ch.state("answer", d, good)
-            ch.edge(answer, first, prob, lo, N_ANSWER_IDS, policy=True)
-            ch.filler(first, ("answer", d, good), FILLER_POLICY, lt,
-                      [Exit(ch.state("graded", good), EOS, outcome=float(good))], policy=True)
-    grader_segment(ch, p, le)
+    answer_segment(ch, p, lt, le)
     return ch

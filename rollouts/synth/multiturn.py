@@ -69,7 +69,6 @@ def build(p: SynthParams, lengths: dict[str, Lengths]) -> Chain:
     ch = Chain()
     lt, le = lengths["policy"], lengths["env"]
     p_good = p.p_good()
-    p_answer = (1.0 + p_good) / 2
     ch.prompt(p, lengths["prompt"], lambda d, k: ch.state("act", d, k, p.max_turns))
 
     # (d, need_left, turns_left): a policy turn, then the environment's verdict.
@@ -98,6 +97,14 @@ def build(p: SynthParams, lengths: dict[str, Lengths]) -> Chain:
             nxt, tok = ch.state("act", d, r, u), ENV_END
         ch.filler(env, ("env", d, r, u), FILLER_ENV, le, [Exit(nxt, tok)], policy=False)
 
+    answer_segment(ch, p, lt, le)
+    return ch
+
+
+def answer_segment(ch: Chain, p: SynthParams, lt: Lengths, le: Lengths) -> None:
+    """From states ``("answer", d)``: ``ANSWER_GOOD|ANSWER_BAD policy-filler... EOS`` (mask 1), good
+    with probability ``(1 + p_good[d]) / 2`` and reward 1 when good, then the grader segment."""
+    p_answer = (1.0 + p.p_good()) / 2
     for d in range(N_DIFFICULTY):
         answer = ch.state("answer", d)
         for good, prob, lo in ((True, p_answer[d], ANSWER_GOOD), (False, 1 - p_answer[d], ANSWER_BAD)):
@@ -106,7 +113,6 @@ def build(p: SynthParams, lengths: dict[str, Lengths]) -> Chain:
             ch.filler(first, ("answer", d, good), FILLER_POLICY, lt,
                       [Exit(ch.state("graded", good), EOS, outcome=float(good))], policy=True)
     grader_segment(ch, p, le)
-    return ch
 
 
 def grader_segment(ch: Chain, p: SynthParams, le: Lengths) -> None:
