@@ -144,7 +144,9 @@ class CollapseWatch:
     validation loss alone can miss it (a constant at the mean return is not far off on rollouts
     with little variance); the spread of the values cannot: ``val/value_std / val/target_std``
     falls from its peak to near 0. ``update`` returns what happened once the ratio, having
-    reached ``LEARNED``, drops below ``COLLAPSED``; None otherwise.
+    reached ``LEARNED`` at an evaluation after step 0 with a positive EV (the spread of a critic
+    that learned something; a random head's spread at step 0 is not, and shrinking it towards
+    the mean return is what early training does), drops below ``COLLAPSED``; None otherwise.
     """
 
     LEARNED = 0.2
@@ -168,8 +170,10 @@ class CollapseWatch:
         if std is None or spread is None or not (math.isfinite(std) and spread > 1e-12):
             return None
         ratio = std / spread
-        if ratio > self.peak:
-            self.peak, self.peak_step, self.peak_ev = ratio, step, record.get("val/explained_variance")
+        ev_now = record.get("val/explained_variance")
+        learned = step > 0 and ev_now is not None and math.isfinite(ev_now) and ev_now > 0
+        if ratio > self.peak and learned:  # a random head's spread (step 0, EV <= 0) is not learned
+            self.peak, self.peak_step, self.peak_ev = ratio, step, ev_now
             return None
         if self.peak < self.LEARNED or ratio >= self.COLLAPSED:
             return None

@@ -34,6 +34,16 @@ def test_a_critic_that_never_learned_or_has_no_spread_to_learn_is_not_a_collapse
     assert watch.update({"step": 60, "val/loss": 0.1}, 60) is None  # no spread logged (older runs)
 
 
+def test_a_random_heads_spread_shrinking_early_is_not_a_collapse():
+    """The demo at 60 steps: a random head spreads 29% at step 0 (EV -0.09), then moves to the mean
+    return (2.6% at step 30, EV 0.01) before it learns; that is early training, not a collapse."""
+    watch = CollapseWatch()
+    assert watch.update(rec(0, 0.143, spread=0.4956, ev=-0.095), 0) is None
+    assert watch.update(rec(30, 0.0130, spread=0.4956, ev=0.014), 30) is None
+    assert watch.update(rec(60, 0.15, spread=0.4956, ev=0.3), 60) is None      # it learned
+    assert watch.update(rec(90, 0.005, spread=0.4956, ev=0.0), 90) is not None   # and then collapsed
+
+
 def test_a_resumed_run_remembers_the_peak(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [rec(0, 0.0), rec(50, 0.2), rec(100, 0.01)]))
