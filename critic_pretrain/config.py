@@ -89,6 +89,13 @@ class DataConfig:
     """Share of prompts (by `group_id`, else `sample_id`) held out when `val` is empty; above 0
     at least one prompt is held out and one kept (the start-up line says how many); 0: no
     validation (then `checkpoint.keep_best` and `train.stop_when` are refused)."""
+    val_split: Literal["prompt", "response", "both"] = "prompt"
+    """What validation holds out of the training rollouts: `prompt` (`val_fraction` of the
+    prompts, every response of each: a critic meeting new prompts), `response` (`val_fraction`
+    of each prompt's responses, the prompt keeping the others in training: PPO's regime, fresh
+    responses to prompts the critic has seen), or `both` (prompts first, then responses of the
+    prompts left; logged as `val/` and `val_response/`). A response's side depends on its
+    group and its tokens only; a prompt with one response is never split."""
     on_bad: Literal["fail", "skip"] = "fail"
     """Bad rows or files: stop with the first error, or skip them into `quarantine.jsonl`."""
     max_tokens: int = 8192
@@ -137,6 +144,11 @@ class DataConfig:
                 need(rng is None or (len(rng) == 2 and rng[0] <= rng[1]), f"{key}.{name}={rng} must be [min, max]")
         need(0.0 <= self.max_bad_fraction <= 1.0, "data.max_bad_fraction must be in [0, 1]")
         need(0.0 <= self.val_fraction < 1.0, f"data.val_fraction={self.val_fraction} must be in [0, 1)")
+        need(not (self.val and self.val_split == "response"),
+             "data.val_split=response holds out responses of the training prompts, and data.val gives held-out "
+             "prompts: set data.val_split=both to validate on both, or leave data.val empty")
+        need(self.val_fraction > 0 or self.val_split == "prompt",
+             f"data.val_split={self.val_split} needs data.val_fraction > 0 (the share of responses held out)")
         need(self.max_tokens > 0, "data.max_tokens must be > 0 (tokens per micro-batch)")
         if self.max_length is not None:
             need(0 < self.max_length <= self.max_tokens,

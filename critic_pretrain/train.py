@@ -484,11 +484,13 @@ def log_train(run: Run, window: Window, grad_norm: torch.Tensor, bar) -> None:
 
 def evaluate_and_log(run: Run, step: int) -> None:
     """Held-out loss and explained variance; logged and kept for ``training_info.json``."""
-    if len(run.data.val_idx) == 0:
+    if not run.data.val_sets:
         return
-    run.last_val = evaluate(run.model, run.data.val, run.data.val_idx, max_tokens=run.cfg.data.max_tokens,
-                            max_length=run.data.max_length, layout=run.layout, device=run.accelerator.device,
-                            reduce=run.reduce, token_cap=run.cfg.eval.max_tokens)
+    run.last_val = {}
+    for held in run.data.val_sets:  # `val/` first, then `val_response/` with data.val_split=both
+        run.last_val.update(evaluate(run.model, held.store, held.idx, max_tokens=run.cfg.data.max_tokens,
+                                     max_length=run.data.max_length, layout=run.layout, device=run.accelerator.device,
+                                     reduce=run.reduce, token_cap=run.cfg.eval.max_tokens, prefix=held.prefix))
     run.metrics.log({"step": step, **run.last_val})
     if not run.metric_names_checked:  # step 0 of a fresh run: before step 1
         preflight.check_metric_names(run.cfg, set(run.last_val))
@@ -516,7 +518,7 @@ def save(run: Run, step: int) -> None:
     cfg, state, raw = run.cfg, run.state, run.accelerator.unwrap_model(run.model)
     info = {"total_steps": step, "current_step": state.step_in_epoch, "current_epoch": state.epoch,
             "consumed_samples": state.consumed_samples, "total_valid_tokens": state.total_valid_tokens,
-            **{f"val:{k.split('/', 1)[1]}": v for k, v in run.last_val.items()}}
+            **{k.replace("/", ":", 1): v for k, v in run.last_val.items()}}   # val:loss, val_response:loss
     manifest = ckpt.build_manifest(cfg, model=raw, data=run.data, rewards_logged=run.rewards_logged,
                                    data_changes=run.data_changes, config_changes=run.config_changes,
                                    tokenizer=run.tokenizer_fingerprint, world_size=run.layout.world)
@@ -546,7 +548,9 @@ def _save_checkpoint(run: Run, step: int, raw, info: dict, manifest: dict) -> No
         scheduler_meta=scheduler_metadata(cfg.optim, cfg.train.max_steps, step, run.scheduler, state, run.layout,
                                           cfg.data.max_tokens),
         config_yaml=yaml.safe_dump(cfg.to_dict(), sort_keys=False), resume_state={"progress": vars(state)},
-        tokenizer=run.tokenizer, target_model=run.target, is_main=run.accelerator.is_main_process,
+        tokenizer=run.tokenizer, target_model=run.target,
+        trained_hashes=run.data.trained_hashes if run.accelerator.is_main_process else None,
+        is_main=run.accelerator.is_main_process,
         rank=run.layout.rank, barrier=run.accelerator.wait_for_everyone)
 
 

@@ -349,40 +349,52 @@ def test_cli_subprocess_exit_code_and_one_line(run, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # --rollouts: is the critic still better than the group statistics on the current policy?
 
-@pytest.mark.parametrize("metrics,ok,words", [
+def verdict_of(call: str, regime: str, est: float = 0.2) -> dict:
+    return {"call": call, "regime": regime, "ev_vs_group_mean": {"est": est, "lo": est - 0.1, "hi": est + 0.1},
+            "line": f"{regime}: **{call}** (EV over the group mean {est:.3f}): fix"}
+
+
+@pytest.mark.parametrize("metrics,regimes,ok,words", [
     ({"eval/adv_corr_first_lam0.95": 0.70, "eval/adv_corr_first_lam0.95_group_mean": 0.55,
-      "eval/adv_corr_first_grpo": 0.4}, True, None),
+      "eval/adv_corr_first_grpo": 0.4}, [], True, None),
     ({"eval/adv_corr_first_lam0.95": 0.38, "eval/adv_corr_first_lam0.95_group_mean": 0.55,
-      "eval/adv_corr_first_grpo": 0.47}, False, "correlate 0.380 with the true ones at turn-first tokens, no better "
-                                                "than the group mean return as a constant value (0.550; GRPO 0.470)"),
-    ({"eval/explained_variance": 0.40, "eval/ev_group_mean": 0.21}, True, None),
-    ({"eval/explained_variance": 0.20, "eval/ev_group_mean": 0.21}, False,
-     "explains 0.200 of the targets' variance, no more than each group's mean return does (0.210)"),
+      "eval/adv_corr_first_grpo": 0.47}, [], False,
+     "correlate 0.380 with the true ones at turn-first tokens, no better than the group mean return as a constant "
+     "value (0.550; GRPO 0.470)"),
+    # without an oracle PPO's regime (fresh responses to trained prompts, listed first) decides
+    ({}, [verdict_of("helps", "fresh"), verdict_of("no better than the group mean", "new", -0.1)], True, None),
+    ({}, [verdict_of("no better than the group mean", "fresh", -0.1), verdict_of("helps", "new")], False,
+     "fresh: no better than the group mean (EV over the group mean -0.100)"),
+    ({}, [verdict_of("unknown", "fresh"), verdict_of("harmful", "new", -0.5)], False, "new: harmful"),
 ])
-def test_quality_rule(seed, capsys, monkeypatch, metrics, ok, words):
+def test_quality_rule(seed, capsys, monkeypatch, metrics, regimes, ok, words):
     import critic_pretrain.eval.from_checkpoint as evaluate
 
     calls = []
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda step, rollouts, **kw: calls.append(
-        (step, rollouts)) or {"metrics": {"eval/explained_variance": 0.3, **metrics}, "data": {"rows": 64}})
+        (step, rollouts, kw)) or {"metrics": {"eval/explained_variance": 0.3, **metrics}, "data": {"rows": 64},
+                                  "regimes": [{"rows": 32, "verdict": v} for v in regimes]})
     rc, out, err = check(capsys, seed, "--rollouts", "newer/")
-    assert calls == [(seed.resolve(), ["newer/"])]
+    assert calls == [(seed.resolve(), ["newer/"], {"cold_every": 0, "leave_out_trained": True})]
     assert rc == (0 if ok else 1)
     if ok:
         assert "quality on the current policy (64 rollouts): PASSED" in out
     else:
         (line,) = errors(err)
-        assert words in line and "on 64 rollouts of newer/" in line and "stale for this policy or" in line \
-            or "(stale or under-trained)" in line
+        assert words in line and "on 64 rollouts of newer/" in line
+    for v in regimes:  # every regime's verdict is printed, pass or fail
+        assert f"verdict on {v['line'].replace('**', '')}" in (out if ok else err)
 
 
 def test_quality_without_a_baseline_warns(seed, capsys, monkeypatch):
     import critic_pretrain.eval.from_checkpoint as evaluate
 
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **kw: {
-        "metrics": {"eval/explained_variance": 0.3}, "data": {"rows": 9}})
+        "metrics": {"eval/explained_variance": 0.3}, "data": {"rows": 9},
+        "regimes": [{"rows": 9, "verdict": verdict_of("unknown", "fresh")}]})
     rc, _, err = check(capsys, seed, "--rollouts", "x/")
-    assert rc == 0 and "no baseline to compare the critic with (its explained variance: 0.300)" in err
+    assert rc == 0 and "too few prompts with two or more responses to judge the critic" in err
+    assert "(its explained variance: 0.300)" in err
 
 
 def test_quality_on_fresh_rollouts_of_a_shifted_policy(tmp_path, capsys):

@@ -13,6 +13,9 @@
         resume/state.json                  step, epoch, data position, early-stop reason (ours)
         resume/rng_rank<r>.safetensors     each rank's RNG state (ours; no pickle)
         resume/target.safetensors          the TD target network (targets.refresh_every > 0; ours)
+        data/trained.safetensors           xxh3-64 of the training prompts' and rollouts' tokens
+                                           (ours: which fresh rollouts answer trained prompts, and
+                                           which given rollouts the critic trained on)
 
 ``StepPaths`` names every one of these files; this module writes them all (``save_checkpoint``,
 also for the NeMo-RL export's copy) and reads them back.
@@ -126,6 +129,24 @@ class StepPaths:
     def target_weights(self) -> Path:
         """The target network's weights (``targets.refresh_every``); absent without one."""
         return self.resume_dir / "target.safetensors"
+
+    @property
+    def trained(self) -> Path:
+        """Hashes of the prompts and rollouts the critic trained on (``TrainData.trained_hashes``);
+        absent in steps written before it existed."""
+        return self.root / "data" / "trained.safetensors"
+
+    def read_trained(self) -> dict | None:
+        """{"prompts", "rollouts"}: sorted uint64 hashes of the training rows' prompts and tokens,
+        or None (no file, or unreadable). safetensors: nothing in it can run code."""
+        import numpy as np
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+        try:
+            raw = load_file(str(self.trained))
+            return {k: raw[k].view(np.uint64) for k in ("prompts", "rollouts")}
+        except (OSError, KeyError, SafetensorError):
+            return None
 
     # readers (None when the file is missing or unreadable)
     def read_training_info(self) -> dict | None:

@@ -5,7 +5,8 @@
     {"kind", "format_version", "step", "saved_at", "max_steps",
      "targets": {gamma, lam, reward transform..., definition},  "value_alignment",
      "model": {class, name_or_path, head_bias, parameters},
-     "data": {files, train_rows, val_rows, stats, sources, changes, rewards: {logged, min, max}},
+     "data": {files, train_rows, val_rows, val_split, val_regimes: {regime: rows}, stats, sources,
+              changes, rewards: {logged, min, max}},
      "config_changes": [{at_step, changes}], "tokenizer", "world_size", "versions",
      "files": {relative path: {size, xxh3_128}},  "exported": {format, from, ...} (exports only)}
 
@@ -45,6 +46,7 @@ def build_manifest(cfg, *, model, data, rewards_logged: RewardsLogged | None, da
         "model": {"class": type(model).__name__, "name_or_path": cfg.model.name_or_path,
                   "head_bias": cfg.model.head_bias, "parameters": count_parameters(model)},
         "data": {"files": data.train.files, "train_rows": len(data.train_idx), "val_rows": len(data.val_idx),
+                 "val_split": cfg.data.val_split, "val_regimes": data.val_rows(),
                  "stats": vars(stats), "sources": data.train.meta["sources"], "changes": data_changes,
                  "rewards": {"logged": rewards_logged.to_dict() if rewards_logged else None,
                              "min": stats.reward_min, "max": stats.reward_max}},
@@ -154,6 +156,11 @@ class Manifest:
         """(training rows, validation rows) the step was trained and validated on."""
         data = self._section("data")
         return data.get("train_rows"), data.get("val_rows")
+
+    @property
+    def val_split(self) -> str:
+        """`data.val_split` of the run (`prompt` for steps written before it existed)."""
+        return self._section("data").get("val_split") or "prompt"
 
     @property
     def tokenizer(self) -> dict | None:

@@ -30,7 +30,8 @@ RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
                 "optim.warmup_steps", "optim.head_lr", "train.freeze_backbone_steps", "train.max_steps",
                 "train.grad_clip", "data.sources",
-                "data.val_fraction", "data.max_tokens", "data.max_length", "data.overlong", "data.shuffle",
+                "data.val_fraction", "data.val_split", "data.max_tokens", "data.max_length", "data.overlong",
+                "data.shuffle",
                 "data.on_bad", "data.recency_half_life", "data.weighting")
 # data.train / data.val paths are not here: the data manifest compares the files themselves.
 # train.grad_accum is not here either: what must stay is world size x grad_accum, the micro-batches

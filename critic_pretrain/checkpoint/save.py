@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -103,6 +104,7 @@ def save_checkpoint(
     resume_state: dict,
     tokenizer=None,
     target_model: torch.nn.Module | None = None,
+    trained_hashes: dict[str, np.ndarray] | None = None,
     is_main: bool = True,
     rank: int = 0,
     barrier=lambda: None,
@@ -111,7 +113,8 @@ def save_checkpoint(
 
     ``model`` is the (possibly FSDP-sharded) module; the full state dict is gathered to
     CPU on every rank's behalf and written by the main process. ``target_model``: the TD target
-    network (a plain module, the same on every rank), written to ``resume/target.safetensors``.
+    network (a plain module, the same on every rank), written to ``resume/target.safetensors``;
+    ``trained_hashes``: sorted uint64 hashes of the training prompts and rollouts (``data/``).
     """
     root = Path(output_dir)
     tmp = root / f"tmp_step_{step}"
@@ -119,7 +122,7 @@ def save_checkpoint(
     p = StepPaths(tmp)
     try:
         _save(p, step, model, optimizer, scheduler, hf_config, training_info, scheduler_meta, manifest, config_yaml,
-              resume_state, tokenizer, target_model, is_main, rank, barrier)
+              resume_state, tokenizer, target_model, trained_hashes, is_main, rank, barrier)
     except OSError as e:  # full disk, quota, permissions: keep what was there, remove the partial save
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -134,7 +137,7 @@ def save_checkpoint(
 
 
 def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_info, scheduler_meta, manifest,
-          config_yaml, resume_state, tokenizer, target_model, is_main, rank, barrier) -> None:
+          config_yaml, resume_state, tokenizer, target_model, trained_hashes, is_main, rank, barrier) -> None:
     """Write everything of one checkpoint under the temporary folder ``p.root``."""
     tmp = p.root
     if is_main:
@@ -174,6 +177,10 @@ def _save(p: StepPaths, step, model, optimizer, scheduler, hf_config, training_i
         if target_model is not None:
             save_file({k: v.detach().cpu().contiguous() for k, v in target_model.state_dict().items()},
                       p.target_weights, metadata={"format": "pt"})
+        if trained_hashes is not None:  # uint64 stored as int64 bits: safetensors' portable integer type
+            p.trained.parent.mkdir(exist_ok=True)
+            save_numpy({k: np.ascontiguousarray(v, np.uint64).view(np.int64) for k, v in trained_hashes.items()},
+                       str(p.trained))
         faults.hit("before_manifest", step)
         fileio.write_json(p.manifest, stamp(manifest, step, files_manifest(tmp)))
         fileio.fsync_tree(tmp)

@@ -55,5 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     print("  ".join(f"{k.split('/', 1)[1]}={v:.4g}" for k, v in m.items()
                     if v is not None and "_pos_" not in k and "_turn_" not in k and "adv_corr" not in k))
     print(advantage.summary_text(report, 'eval'))
+    regimes = report.get("regimes") or []
+    if regimes and regimes[0].get("trained_on_left_out"):
+        print(f"note: {regimes[0]['trained_on_left_out']} of these rollouts are ones the critic trained on (the same "
+              "tokens): the metrics above include them, the verdicts below do not")
+    for regime in regimes:
+        print(f"verdict on {regime['rows']} {regime['verdict']['line'].replace('**', '')}")
     print(f"wrote {out}")
     return 0

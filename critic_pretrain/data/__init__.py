@@ -31,6 +31,7 @@ from .sampling import (
     pack,
     plan_epoch,
     split_by_group,
+    split_by_response,
     step_batches,
     weighted_rows,
 )
@@ -48,10 +49,10 @@ from .store import (
     reward_transform,
     source_files,
 )
-from .train_data import MIN_POLICY_SHARE, TrainData, build_train_data, with_policy_left
+from .train_data import MIN_POLICY_SHARE, REGIMES, TrainData, ValSet, build_train_data, with_policy_left
 
 __all__ = ["FILTERS", "MIN_POLICY_SHARE", "STORE_FILE", "STORE_FORMAT", "STORE_META", "STORE_SCHEMA",
     "Layout", "MicroBatches", "RolloutStore", "StoreStats", "TrainData", "build_train_data",
     "check_bad_fraction", "collate_packed", "effective_lengths", "file_manifest", "loader", "max_length_of",
     "pack", "plan_epoch", "prepare_store", "reward_transform", "source_files", "split_by_group",
-    "step_batches", "weighted_rows", "with_policy_left"]
+    "split_by_response", "step_batches", "weighted_rows", "with_policy_left", "REGIMES", "ValSet"]

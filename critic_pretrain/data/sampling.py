@@ -34,6 +34,27 @@ def split_by_group(keys: list[str], val_fraction: float) -> tuple[np.ndarray, np
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 
+def split_by_response(keys: list[str], row_hashes: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train positions, val positions) of a split by response, stratified by prompt: a row is
+    held out when its content hash (``row_hashes``, uint64, ``RolloutStore.row_hashes``) falls in
+    the lowest ``val_fraction`` of the hash range, except that every prompt (``keys``) keeps at
+    least one response in training (when the hash picks all of a prompt's responses, those with
+    its largest hash stay) and a prompt with one response is never held out. A row's side
+    depends only on its own tokens and key, so identical responses of one prompt share a side
+    (a held-out response never sits verbatim in training) and adding rows moves no other row."""
+    if val_fraction <= 0 or not len(keys):
+        return np.arange(len(keys)), np.zeros(0, np.int64)
+    group = np.unique(np.asarray(keys, dtype=object), return_inverse=True)[1].astype(np.int64)
+    h = (np.asarray(row_hashes, np.uint64) >> np.uint64(32)).astype(np.int64)   # 32 bits, like split_by_group
+    is_val = (h < int(val_fraction * 2**32)) & (np.bincount(group)[group] >= 2)
+    n_groups = int(group.max()) + 1
+    all_val = np.bincount(group, weights=is_val, minlength=n_groups) == np.bincount(group, minlength=n_groups)
+    top = np.full(n_groups, -1, np.int64)
+    np.maximum.at(top, group, h)
+    is_val &= ~(all_val[group] & (h == top[group]))
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
 def pack(lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
     """Greedy packing of rows in the given order into micro-batches of <= ``max_tokens`` tokens.
 

@@ -148,6 +148,34 @@ class RolloutStore:
     def split_keys(self) -> list[str]:
         return self.table.column("split_key").to_pylist()
 
+    def split_keys_of(self, rows: np.ndarray) -> list[str]:
+        return self.table.column("split_key").take(np.asarray(rows, np.int64)).to_pylist()
+
+    def row_hashes(self, prompt_only: bool = False) -> np.ndarray:
+        """[rows] uint64 xxh3 of each rollout's token ids (``prompt_only``: of the tokens before
+        its first policy token, the prompt the policy answered). Identical token sequences hash
+        alike whatever their sample_id: the response split (``split_by_response``) and a
+        checkpoint's record of its training prompts (``data.prompts``) rest on it."""
+        import xxhash
+        out, row = np.empty(len(self), np.uint64), 0
+        ids_chunks, mask_chunks = self.table.column("input_ids").chunks, self.table.column("loss_mask").chunks
+        for ids, mask in zip(ids_chunks, mask_chunks):
+            offsets = ids.offsets.to_numpy().astype(np.int64)
+            offsets = offsets - offsets[0]                            # a sliced chunk's offsets start above 0
+            flat = pc.list_flatten(ids).to_numpy().astype(np.int32, copy=False)
+            ends = offsets[1:]
+            if prompt_only:
+                policy = pc.list_flatten(mask).to_numpy().astype(bool)
+                for i in range(len(ids)):
+                    hits = np.flatnonzero(policy[offsets[i]:ends[i]])
+                    ends_i = offsets[i] + (hits[0] if len(hits) else ends[i] - offsets[i])
+                    out[row + i] = xxhash.xxh3_64_intdigest(flat[offsets[i]:ends_i].tobytes())
+            else:
+                for i in range(len(ids)):
+                    out[row + i] = xxhash.xxh3_64_intdigest(flat[offsets[i]:ends[i]].tobytes())
+            row += len(ids)
+        return out
+
     def policy_tokens(self, max_len: int) -> np.ndarray:
         """[rows] policy tokens among each rollout's first ``max_len`` tokens: what training sees
         after truncation. One pass over the loss masks, a record batch at a time."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,22 +11,43 @@ import numpy as np
 
 from ..config import DataConfig, TargetsConfig
 from ..errors import UserError
-from .sampling import effective_lengths, max_length_of, split_by_group, weighted_rows
+from .sampling import effective_lengths, max_length_of, split_by_group, split_by_response, weighted_rows
 from .store import RolloutStore, check_bad_fraction, prepare_store
 
 log = logging.getLogger(__name__)
 
 
 
+REGIMES = {"prompt": "held-out prompts", "response": "held-out responses of trained prompts"}
+"""The two validation regimes (``data.val_split``), as reports name them."""
+
+
+@dataclass(frozen=True)
+class ValSet:
+    """One held-out set: its rows of a store, the regime they measure and the metric prefix."""
+
+    regime: str
+    """`prompt` (prompts the critic never trained on) or `response` (fresh responses to prompts
+    it trained on: PPO's regime)."""
+    prefix: str
+    """`val` for the first set, `val_response` for the response regime of `data.val_split=both`."""
+    store: RolloutStore
+    idx: np.ndarray
+
+    @property
+    def label(self) -> str:
+        return REGIMES[self.regime]
+
+
 @dataclass
 class TrainData:
     train: RolloutStore
-    val: RolloutStore
     train_idx: np.ndarray
     """Rows of ``train`` used for training (after split and `overlong: skip`)."""
     train_len: np.ndarray
     """Their effective lengths (after `overlong: truncate`)."""
-    val_idx: np.ndarray
+    val_sets: list[ValSet]
+    """The held-out sets, the one logged as `val/` first; empty without validation."""
     max_length: int
     overlong_rows: int
     """Rollouts longer than max_length (truncated or skipped, by ``overlong_policy``)."""
@@ -40,7 +62,31 @@ class TrainData:
     without_policy: int = 0
     """Training rollouts left out: no policy token within max_length (a prompt that long)."""
     val_groups: tuple[int, int] = (0, 0)
-    """(held-out groups, all groups) of the `val_fraction` split; (0, 0) with `data.val`."""
+    """(held-out groups, all groups) of the prompt split by `val_fraction`; (0, 0) with `data.val`."""
+
+    @property
+    def val(self) -> RolloutStore:
+        """The store of the first held-out set (``train`` when there is none)."""
+        return self.val_sets[0].store if self.val_sets else self.train
+
+    @property
+    def val_idx(self) -> np.ndarray:
+        """Rows of the first held-out set, logged as `val/` (empty without validation)."""
+        return self.val_sets[0].idx if self.val_sets else np.zeros(0, np.int64)
+
+    @functools.cached_property
+    def trained_hashes(self) -> dict[str, np.ndarray]:
+        """{"prompts", "rollouts"}: sorted unique uint64 hashes (``RolloutStore.row_hashes``) of the
+        training rows' prompts (the tokens before each first policy token) and of the rows
+        themselves, saved with every checkpoint so that `eval` and `seed check --rollouts` can
+        tell fresh responses to trained prompts (PPO's regime) from new prompts, and leave out
+        rollouts the critic trained on. Two passes over the training rows, on first use."""
+        return {"prompts": np.unique(self.train.row_hashes(prompt_only=True)[self.train_idx]),
+                "rollouts": np.unique(self.train.row_hashes()[self.train_idx])}
+
+    def val_rows(self) -> dict[str, int]:
+        """{regime: held-out rows}, for the manifest (a resume compares them)."""
+        return {v.regime: len(v.idx) for v in self.val_sets}
 
     def epoch(self, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """The epoch's rollouts and lengths after source weights (see ``weighted_rows``)."""
@@ -50,10 +96,14 @@ class TrainData:
     def describe(self) -> str:
         """The start-up ``data:`` line: what is trained, after truncation and every filter."""
         st = self.train.stats
-        held = (f": {self.val_groups[0]} of {self.val_groups[1]} prompts held out" if self.val_groups[1]
-                else " from data.val" if self.val is not self.train else "")
+        held = []
+        for v in self.val_sets:
+            how = (f"{self.val_groups[0]} of {self.val_groups[1]} prompts held out" if v.regime == "prompt" and
+                   self.val_groups[1] else "from data.val" if v.regime == "prompt" else
+                   f"responses of {len(set(v.store.split_keys_of(v.idx)))} training prompts held out")
+            held.append(f"{len(v.idx)} for validation as {v.prefix}/: {how}")
         cut = "truncated" if self.overlong_policy == "truncate" else "skipped"
-        return (f"{len(self.train_idx)} training rollouts ({len(self.val_idx)} for validation{held}), "
+        return (f"{len(self.train_idx)} training rollouts ({'; '.join(held) or '0 for validation'}), "
                 f"{int(self.train_len.sum()):,} tokens after truncation, {self.policy_tokens:,} policy tokens; "
                 f"{self.overlong_rows} longer than max_length={self.max_length}"
                 f"{' (the model position limit)' if self.capped_by_model else ''} {cut}"
@@ -97,19 +147,7 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
                else train)
     for store in {id(train): train, id(val): val}.values():
         check_bad_fraction(store.stats, data.max_bad_fraction, store.path.name, store.path / "quarantine.jsonl")
-    val_groups = (0, 0)
-    if data.val:
-        train_idx, val_idx = np.arange(len(train)), np.arange(len(val))
-    else:
-        keys = train.split_keys()
-        train_idx, val_idx = split_by_group(keys, data.val_fraction)
-        if data.val_fraction > 0:
-            val_groups = (len({keys[i] for i in val_idx}), len(set(keys)))
-        if data.val_fraction > 0 and not len(val_idx):
-            raise UserError(f"data.val_fraction={data.val_fraction:g} holds out prompts by group_id, but all "
-                            f"{len(train)} rollouts share one group ({keys[0]!r}), so none can be held out: add "
-                            "rollouts of other prompts, pass data.val=[...], or set data.val_fraction=0 "
-                            "(no validation)")
+    train_idx, held, val_groups = split(train, val, data)
     if data.recency_half_life:  # ages count from the newest version in the training data
         newest = None
         for store in {id(train): train, id(val): val}.values():
@@ -127,8 +165,40 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
     train_idx, policy = with_policy_left(train, train_idx, max_length, "training", data)
     without = rows - len(train_idx)
     train_len = np.minimum(train.lengths[train_idx], max_length)
-    val_idx, _ = with_policy_left(val, val_idx, max_length, "validation", data)
+    val_sets = [ValSet(regime, prefix, store, with_policy_left(store, idx, max_length, f"{prefix} validation",
+                                                               data)[0])
+                for regime, prefix, store, idx in held]
     weights = np.array([s.weight for s in data.all_sources()], dtype=np.float64)
-    return TrainData(train, val, train_idx, train_len, val_idx, max_length, overlong_rows, data.overlong,
+    return TrainData(train, train_idx, train_len, val_sets, max_length, overlong_rows, data.overlong,
                      max_length < max_length_of(data), weights, policy_tokens=policy, without_policy=without,
                      val_groups=val_groups)
+
+
+def split(train: RolloutStore, val: RolloutStore, data: DataConfig
+          ) -> tuple[np.ndarray, list[tuple[str, str, RolloutStore, np.ndarray]], tuple[int, int]]:
+    """(training rows, held-out sets as (regime, prefix, store, rows), (held-out prompts, all
+    prompts)) by `data.val_split`: prompts first (or `data.val`), then responses of the prompts
+    left; a regime that holds out nothing is a one-line UserError."""
+    keys = train.split_keys()
+    train_idx, held, val_groups = np.arange(len(train)), [], (0, 0)
+    if data.val:
+        held.append(("prompt", "val", val, np.arange(len(val))))
+    elif data.val_split in ("prompt", "both") and data.val_fraction > 0:
+        train_idx, val_idx = split_by_group(keys, data.val_fraction)
+        val_groups = (len({keys[i] for i in val_idx}), len(set(keys)))
+        if not len(val_idx):
+            raise UserError(f"data.val_fraction={data.val_fraction:g} holds out prompts by group_id, but all "
+                            f"{len(train)} rollouts share one group ({keys[0]!r}), so none can be held out: add "
+                            "rollouts of other prompts, pass data.val=[...], set data.val_split=response (fresh "
+                            "responses of that prompt), or data.val_fraction=0 (no validation)")
+        held.append(("prompt", "val", train, val_idx))
+    if data.val_split in ("response", "both"):
+        stay, out = split_by_response([keys[i] for i in train_idx], train.row_hashes()[train_idx], data.val_fraction)
+        if not len(out):
+            raise UserError(f"data.val_split={data.val_split} holds out {data.val_fraction:g} of each prompt's "
+                            "responses, but none was picked: no training prompt has two or more responses (group_id "
+                            "names the prompt) or the share is too small for so few rollouts; raise "
+                            "data.val_fraction, add group_id to the rollouts, or set data.val_split=prompt")
+        held.append(("response", "val_response" if held else "val", train, train_idx[out]))
+        train_idx = train_idx[stay]
+    return train_idx, held, val_groups

@@ -86,15 +86,27 @@ class GroupStats:
     loo_mean: dict[int, float]
     grouped: bool
     """Some group has two or more evaluated rollouts: only those are measured."""
+    rows: np.ndarray
+    """[R] the evaluated store rows, in evaluation order (a rollout's slot is its place here)."""
+    group: np.ndarray
+    """[R] their group (prompt) index."""
+    slot: dict[int, int]
+    """store row -> its place in ``rows``."""
 
     @classmethod
     def of(cls, store, rows: np.ndarray) -> "GroupStats":
+        """Group statistics of ``rows``, each group's mean taken over **all** of its rollouts in
+        ``store``: for held-out prompts that is the held-out group itself; for held-out responses
+        of trained prompts (``data.val_split=response``) the prompt's other responses, most of them
+        in training, estimate its mean return as a fresh group would (GRPO's baseline), where the
+        one or two held-out siblings alone would be a noisy baseline that flatters the critic."""
         rows = np.asarray(rows, np.int64)
-        outcome = store.table.column("outcome").take(rows).to_numpy(zero_copy_only=False).astype(np.float64)
-        keys = pc.dictionary_encode(store.table.column("split_key").take(rows)).combine_chunks().indices
-        group = keys.to_numpy(zero_copy_only=False).astype(np.int64)
-        size = np.bincount(group)[group].astype(np.float64)
-        total = np.bincount(group, weights=outcome)[group]
+        all_outcome = store.table.column("outcome").to_numpy().astype(np.float64)
+        codes = pc.dictionary_encode(store.table.column("split_key")).combine_chunks().indices
+        all_group = codes.to_numpy(zero_copy_only=False).astype(np.int64)
+        outcome, group = all_outcome[rows], all_group[rows]
+        size = np.bincount(all_group)[group].astype(np.float64)
+        total = np.bincount(all_group, weights=all_outcome)[group]
         grouped = bool((size >= 2).any())
         if grouped:
             loo = np.where(size >= 2, (total - outcome) / np.maximum(size - 1, 1), np.nan)
@@ -103,7 +115,12 @@ class GroupStats:
             mean = loo = np.full(len(rows), outcome.mean() if len(rows) else np.nan)
         ids = rows.tolist()
         return cls(dict(zip(ids, outcome.tolist())), dict(zip(ids, mean.tolist())), dict(zip(ids, loo.tolist())),
-                   grouped)
+                   grouped, rows, group, {r: i for i, r in enumerate(ids)})
+
+    def column(self, name: str) -> np.ndarray:
+        """[R] float64 of ``outcome``, ``group_mean`` or ``loo_mean`` in ``rows`` order."""
+        d = getattr(self, name)
+        return np.array([d[r] for r in self.rows.tolist()], dtype=np.float64)
 
     def tensor(self, rows: np.ndarray, device: torch.device) -> torch.Tensor:
         """[k, 3] float32 (outcome, group mean, leave-one-out mean) of a micro-batch's rows."""

@@ -176,10 +176,18 @@ class Evaluation:
     one-step advantages (rollouts with ``oracle_values`` only)."""
     turn_change: list[dict] = dataclasses.field(default_factory=list)
     """``advantage.turn_changes``: value change across a turn vs the rollout's outcome."""
+    verdict: object = None
+    """``verdict.Verdict``: the oracle-free measures with intervals and the call (None when empty)."""
+    judge_rows: object = None
+    """``judge_rows(mask [R] bool) -> Verdict``: the verdict of a subset of the evaluated rollouts
+    (in ``eval_rows`` order) from the same per-rollout sums, without another forward pass."""
+    eval_rows: np.ndarray | None = None
+    """[R] the evaluated store rows, in the order ``judge_rows`` takes its mask."""
 
     def to_json(self) -> dict:
         return fileio.plain({"metrics": self.metrics, "buckets": self.buckets, "calibration": self.calibration,
                              "advantages": self.advantages, "turn_change": self.turn_change,
+                             "verdict": self.verdict.to_json() if self.verdict is not None else None,
                              "calibration_grid": {**dataclasses.asdict(self.grid), "method": (
                             "predictions histogrammed on a fixed grid (targets' mean +- 4 std); adjacent cells "
                             "merged into deciles of about equal token count")}})

@@ -110,7 +110,7 @@ def default_out(step_dir: Path, rollouts: list[str] | None) -> Path:
 def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None, *, token_cap: int | None = None,
                         batch_tokens: int | None = None, cache_dir: str | Path | None = None,
                         device: str | torch.device | None = None, trust_remote_code: bool = False,
-                        cold_every: int = COLD_EVERY) -> dict:
+                        cold_every: int = COLD_EVERY, leave_out_trained: bool = False) -> dict:
     """Evaluate checkpoint ``step_dir`` and return the JSON-ready report.
 
     Targets are built with the checkpoint's own ``config.yaml`` (gamma, lambda, reward
@@ -118,7 +118,8 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     any rollout specs; None evaluates the run's own validation split (its ``data_cache``
     is reused when still valid). ``cache_dir``: where other rollouts are prepared (default:
     a temporary folder, removed afterwards). ``cold_every``: score the step-0 model (``cold``
-    advantage estimator) on every n-th micro-batch; 0 skips it.
+    advantage estimator) on every n-th micro-batch; 0 skips it. ``leave_out_trained``: evaluate
+    only the given rollouts the critic did not train on (by their tokens; ``seed check``).
     """
     from ..config_io import load_config
     from ..data import max_length_of
@@ -138,48 +139,108 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     t0 = time.perf_counter()
     manifest = ckpt.Manifest.read(step_dir) or ckpt.Manifest({})
     with contextlib.ExitStack() as stack:
-        store, indices, split = _rows_to_evaluate(step_dir, cfg, manifest, rollouts, cache_dir, stack,
-                                                  model_limit=model_limit, vocab_size=vocab_size)
+        held = _rows_to_evaluate(step_dir, cfg, manifest, rollouts, cache_dir, stack, model_limit=model_limit,
+                                 vocab_size=vocab_size, leave_out_trained=leave_out_trained)
+        store, indices, split = held[0].store, held[0].idx, held[0].split
         model = load_checkpoint_model(step_dir, cfg, dev, configs=configs)
         cold, cold_how = None, "off (--cold-every 0)"
         if cold_every and store.has_oracle:
             cold, cold_how = cold_critic(step_dir, cfg, dev, configs, trust_remote_code)
-        with _autocast(dev, cfg.train.mixed_precision):
-            result = evaluate_detailed(model, store, indices, max_tokens=batch_tokens, max_length=max_length,
-                                       layout=Layout(1, 0, 1), device=dev, token_cap=token_cap, prefix="eval",
-                                       cold_model=cold, cold_every=cold_every or 1)
+        results = []
+        for part in held:  # the run's val/ and val_response/ sets, or the given rollouts
+            with _autocast(dev, cfg.train.mixed_precision):
+                results.append(evaluate_detailed(model, part.store, part.idx, max_tokens=batch_tokens,
+                                                 max_length=max_length, layout=Layout(1, 0, 1), device=dev,
+                                                 token_cap=token_cap, prefix=part.prefix, cold_model=cold,
+                                                 cold_every=cold_every or 1))
+        regimes = [r for part, result in zip(held, results) for r in _regimes(part, result, step_dir)]
         data_summary = _data_summary(store, indices, rollouts, split, max_length)
     info = ckpt.StepPaths(step_dir).read_training_info() or {}
     return {
         "checkpoint": {"path": str(step_dir.resolve()), "step": info.get("total_steps"),
                        "targets": dataclasses.asdict(cfg.targets)},
         "data": data_summary,
-        **result.to_json(),
+        **results[0].to_json(),
+        "regimes": fileio.plain(regimes),
         "cold_critic": {"built": cold_how, "every": cold_every} if store.has_oracle else None,
         "device": str(dev), "seconds": round(time.perf_counter() - t0, 2),
     }
 
 
+@dataclasses.dataclass
+class Held:
+    """Rows to evaluate: ``regime`` is `prompt` or `response` for a run's own held-out sets, None
+    for given rollouts (their regimes are told apart by prompt after the evaluation)."""
+
+    regime: str | None
+    prefix: str
+    store: RolloutStore
+    idx: np.ndarray
+    split: str
+
+
+def _regimes(part: Held, result, step_dir: Path) -> list[dict]:
+    """The verdict per regime: a held-out set is one; given rollouts are split by whether the
+    critic trained on their prompt (``step_<n>/data/trained.safetensors``): fresh responses to
+    trained prompts are PPO's regime, the rest are new prompts. Rollouts the critic trained on
+    (the same tokens) are in neither: they would flatter it."""
+    from ..data import REGIMES
+    if result.verdict is None:
+        return []
+    if part.regime is not None:
+        return [{"regime": part.regime, "label": REGIMES[part.regime], "prefix": part.prefix,
+                 "rows": len(part.idx), "metrics": result.metrics,
+                 "verdict": _verdict_json(result.verdict, REGIMES[part.regime])}]
+    trained = ckpt.StepPaths(step_dir).read_trained()
+    if trained is None:
+        label = "all rollouts (this step does not record its training prompts)"
+        return [{"regime": "unknown", "label": label, "prefix": part.prefix, "rows": int(len(result.eval_rows)),
+                 "verdict": _verdict_json(result.verdict, label)}]
+    rows = result.eval_rows
+    seen = np.isin(part.store.row_hashes(prompt_only=True)[rows], trained["prompts"])
+    known = np.isin(part.store.row_hashes()[rows], trained["rollouts"])
+    out = []
+    for regime, mask in (("response", seen & ~known), ("prompt", ~seen & ~known)):
+        label = {"response": "fresh responses to prompts it trained on",
+                 "prompt": "prompts it never trained on"}[regime]
+        out.append({"regime": regime, "label": label, "prefix": part.prefix, "rows": int(mask.sum()),
+                    "trained_on_left_out": int(known.sum()), "verdict": _verdict_json(result.judge_rows(mask), label)})
+    return out
+
+
+def _verdict_json(v, label: str) -> dict:
+    v.regime = label
+    return v.to_json()
+
+
 def _rows_to_evaluate(step_dir: Path, cfg, manifest: ckpt.Manifest, rollouts: list[str] | None, cache_dir, stack, *,
-                      model_limit: int | None, vocab_size: int):
-    """(store, row indices, what they are): other rollouts (checked for the critic's tokenizer,
-    prepared in ``cache_dir`` or a temporary folder), else the run's own validation split."""
+                      model_limit: int | None, vocab_size: int, leave_out_trained: bool = False) -> list[Held]:
+    """What to evaluate: other rollouts (checked for the critic's tokenizer, prepared in
+    ``cache_dir`` or a temporary folder), else the run's own held-out sets (`val` first)."""
     from ..data import build_train_data, prepare_store
     if rollouts:
         preflight.check_rollouts_tokenizer(list(rollouts), manifest.tokenizer,
                                            "evaluate on rollouts of the critic's own tokenizer")
         where = cache_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="critic-eval-"))
         store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval", vocab_size=vocab_size)
-        return store, np.arange(len(store)), "all rows"
+        trained = ckpt.StepPaths(step_dir).read_trained() if leave_out_trained else None
+        if trained is None:
+            return [Held(None, "eval", store, np.arange(len(store)), "all rows")]
+        fresh = np.flatnonzero(~np.isin(store.row_hashes(), trained["rollouts"]))
+        if not len(fresh):
+            raise UserError(f"the critic trained on every one of the {len(store)} rollouts of {', '.join(rollouts)}: "
+                            "check it on fresh rollouts of the policy")
+        return [Held(None, "eval", store, fresh, f"{len(fresh)} of {len(store)} rows (the critic trained on the rest)")]
     run_cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else step_dir.parent / "data_cache"
     data = build_train_data(cfg.data, cfg.targets, run_cache, main_first=contextlib.nullcontext,
                             progress=False, model_limit=model_limit, vocab_size=vocab_size)
-    if len(data.val_idx) == 0:
+    if not data.val_sets:
         raise UserError(f"{step_dir}: the run has no validation split (data.val_fraction=0, no data.val); "
                         "pass --rollouts PATH to evaluate on other rollouts")
     preflight.check_split_unchanged(step_dir, manifest, cfg, len(data.train_idx), len(data.val_idx),
                                     fix="pass --rollouts PATH with rollouts it never trained on")
-    return data.val, data.val_idx, "validation split of the run"
+    return [Held(v.regime, v.prefix.replace("val", "eval", 1), v.store, v.idx,
+                 f"validation split of the run ({v.label})") for v in data.val_sets]
 
 
 def resolve_device(name: str | torch.device | None) -> torch.device:

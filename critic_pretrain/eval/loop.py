@@ -15,7 +15,7 @@ from ..data import Layout, RolloutStore, loader, pack
 from ..metrics import N_SUMS
 from ..model import token_values
 from ..packed import PackedBatch
-from . import advantage
+from . import advantage, verdict
 from .buckets import CalibrationGrid, Evaluation, finish, group_sums, n_groups
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,9 @@ def evaluate_detailed(model: torch.nn.Module, store: RolloutStore, indices: np.n
 class EvalSums:
     """Everything an evaluation adds up, one micro-batch at a time: per-group value sums against
     the targets and against the true values [2, G, 6] (G: position, turn and calibration groups),
-    the advantage-pair sums [N_ROWS, 6], the group-mean EV sums [N_EV, 6] and the spread of the
-    values and targets [5] (weighted n, sum v, sum v^2, sum t, sum t^2). Sums add across
+    the advantage-pair sums [N_ROWS, 6], the group-mean EV sums [N_EV, 6], the spread of the
+    values and targets [5] (weighted n, sum v, sum v^2, sum t, sum t^2) and the per-rollout sums
+    of the verdict [R, verdict.N_FIELDS] (each rollout's row written by the rank that evaluates it). Sums add across
     micro-batches and ranks, so an evaluation costs one all-reduce and one host sync (``reduce``),
     whatever its size; ``evaluation`` turns the reduced sums into metrics and tables."""
 
@@ -88,24 +89,30 @@ class EvalSums:
         self.pair = torch.zeros(advantage.N_ROWS, N_SUMS, dtype=torch.float64, device=device)
         self.ev = torch.zeros(advantage.N_EV, N_SUMS, dtype=torch.float64, device=device)
         self.spread = torch.zeros(5, dtype=torch.float64, device=device)
+        self.rollouts = torch.zeros(len(groups.rows), verdict.N_FIELDS, dtype=torch.float64, device=device)
 
     def add(self, values: torch.Tensor, batch: PackedBatch, rows: np.ndarray,
             cold_values: torch.Tensor | None = None) -> None:
         """One micro-batch: ``values`` [1, N] predictions (``cold_values``: the step-0 model's)."""
         self.values += group_sums(values, batch, self.edges)
-        pair, ev = advantage.estimator_sums(values, batch, self.groups.tensor(rows, self.device), self.gamma,
-                                        grouped=self.groups.grouped, cold_values=cold_values)
+        row_stats = self.groups.tensor(rows, self.device)                 # [k, 3]
+        pair, ev = advantage.estimator_sums(values, batch, row_stats, self.gamma, grouped=self.groups.grouped,
+                                            cold_values=cold_values)
         self.pair += pair
         self.ev += ev
+        loo = row_stats[:, 2]
+        measured = torch.isfinite(loo) if self.groups.grouped else torch.ones_like(loo, dtype=torch.bool)
+        slots = torch.tensor([self.groups.slot[r] for r in rows.tolist()], device=self.device)
+        self.rollouts[slots] = verdict.row_sums(values, batch, torch.nan_to_num(loo), measured)
         w, v, t = batch.weights.double(), values.detach().double(), batch.targets.double()         # [1, N]
         self.spread += torch.stack([w.sum(), (w * v).sum(), (w * v * v).sum(), (w * t).sum(), (w * t * t).sum()])
 
     def reduce(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Sum over ranks: the one collective, and the one host sync, of an evaluation."""
-        parts = (self.values, self.pair, self.ev, self.spread)
+        parts = (self.values, self.pair, self.ev, self.spread, self.rollouts)
         flat = reduce(torch.cat([t.flatten() for t in parts])).cpu()
-        self.values, self.pair, self.ev, self.spread = (chunk.view(t.shape) for chunk, t in
-                                                        zip(flat.split([t.numel() for t in parts]), parts))
+        self.values, self.pair, self.ev, self.spread, self.rollouts = (
+            chunk.view(t.shape) for chunk, t in zip(flat.split([t.numel() for t in parts]), parts))
 
     def evaluation(self, *, has_oracle: bool, prefix: str) -> Evaluation:
         result = finish(self.values, self.grid, has_oracle=has_oracle, prefix=prefix)
@@ -117,6 +124,15 @@ class EvalSums:
             std = lambda s, ss: math.sqrt(max(ss / n - (s / n) ** 2, 0.0))  # noqa: E731
             result.metrics[f"{prefix}/value_std"] = std(sv, svv)  # a collapsed critic: near 0
             result.metrics[f"{prefix}/target_std"] = std(st, stt)
+            g, sums = self.groups, self.rollouts.numpy()
+            outcome, baseline = g.column("outcome"), np.nan_to_num(g.column("loo_mean"))
+
+            def judge_rows(mask: np.ndarray) -> verdict.Verdict:
+                return verdict.judge(sums[mask], g.group[mask], outcome[mask], baseline[mask], grouped=g.grouped)
+
+            result.verdict = judge_rows(np.ones(len(g.rows), bool))
+            result.judge_rows, result.eval_rows = judge_rows, g.rows
+            result.metrics.update(result.verdict.metrics(prefix))
         return result
 
 

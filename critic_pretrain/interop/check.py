@@ -134,12 +134,16 @@ QUALITY_LAM = 0.95
 
 
 def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> None:
-    """Is the critic still worth more than the group statistics on the current policy's rollouts?
+    """Will the critic help PPO on the current policy's rollouts? (``eval.verdict``)
 
-    With oracle values: its GAE advantages (lambda ``QUALITY_LAM``) must correlate better with
-    the true advantages at turn-first tokens than the group-mean-as-value control. Without:
-    its explained variance must beat the leave-one-out group mean's. A stale critic (trained
-    on an older policy) that fails this gives PPO worse advantages than no critic at all."""
+    The rollouts are split by prompt: fresh responses to prompts the critic trained on (PPO's
+    regime, which decides) and prompts it never saw; rollouts it trained on are left out. Each
+    regime gets a verdict with bootstrap intervals (helps / no better than the group mean /
+    harmful); the seed passes when PPO's regime (else the other) says **helps**. With oracle
+    values the truth decides instead: its GAE advantages (lambda ``QUALITY_LAM``) must correlate
+    better with the true advantages at turn-first tokens than the group-mean-as-value control.
+    A stale critic (trained on an older policy) that fails gives PPO nothing a group baseline
+    does not give for free, or worse."""
     from ..eval.from_checkpoint import evaluate_checkpoint
 
     try:  # evaluate_checkpoint refuses them too; here it is a failed check, not an aborted one
@@ -150,12 +154,14 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
         report.fail("quality", str(e))
         report.facts["quality"] = {"rollouts": list(rollouts), "passed": False}
         return
-    ev = evaluate_checkpoint(step_dir, rollouts, cold_every=0)
+    ev = evaluate_checkpoint(step_dir, rollouts, cold_every=0, leave_out_trained=True)
     m = ev["metrics"]
     tag = f"lam{QUALITY_LAM:g}"
+    verdicts = [r["verdict"] for r in ev.get("regimes") or [] if r["rows"]]
     q = {"rollouts": list(rollouts), "rows": ev["data"]["rows"], "explained_variance": m.get("eval/explained_variance"),
-         "ev_group_mean": m.get("eval/ev_group_mean")}
+         "ev_group_mean": m.get("eval/ev_group_mean"), "verdicts": [v["line"] for v in verdicts]}
     where = f"on {ev['data']['rows']} rollouts of {', '.join(rollouts)}"
+    decisive = next((v for v in verdicts if v["call"] != "unknown"), None)   # PPO's regime comes first
     if f"eval/adv_corr_first_{tag}" in m and f"eval/adv_corr_first_{tag}_group_mean" in m:
         critic, control = m[f"eval/adv_corr_first_{tag}"], m[f"eval/adv_corr_first_{tag}_group_mean"]
         q.update(measure=f"advantage correlation at turn-first tokens, lambda {QUALITY_LAM:g}", critic=critic,
@@ -168,17 +174,15 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
                         f"with the true ones at turn-first tokens, no better than the group mean return as a constant "
                         f"value ({control:.3f}; GRPO {q['grpo']:.3f}): the critic is stale for this policy or "
                         "under-trained; retrain with its rollouts in the data or start PPO without it")
-    elif q["ev_group_mean"] is not None and q["explained_variance"] is not None:
-        q.update(measure="explained variance of the value targets", critic=q["explained_variance"],
-                 baseline=q["ev_group_mean"])
-        if not q["explained_variance"] > q["ev_group_mean"]:
-            report.fail("quality", f"{where}: the critic explains {q['explained_variance']:.3f} of the targets' "
-                        f"variance, no more than each group's mean return does ({q['ev_group_mean']:.3f}): it knows "
-                        "at most the prompts' difficulty for this policy (stale or under-trained); retrain with its "
-                        "rollouts in the data or start PPO without it")
+    elif decisive is not None:
+        q.update(measure=f"verdict on {decisive['regime']}", call=decisive["call"],
+                 critic=decisive["ev_vs_group_mean"]["est"], baseline=0.0)
+        if decisive["call"] != "helps":
+            report.fail("quality", f"{where}, {decisive['line'].replace('**', '')}")
     else:
-        report.warn(f"{where}: no group_id and no oracle_values, so there is no baseline to compare the critic "
-                    f"with (its explained variance: {q['explained_variance']:.3f})")
+        report.warn(f"{where}: too few prompts with two or more responses to judge the critic against a group "
+                    f"baseline (its explained variance: {q['explained_variance']:.3f}); pass more rollouts with "
+                    "group_id")
     q["passed"] = not any(p.area == "quality" for p in report.problems) if "critic" in q else None
     report.facts["quality"] = q
 

@@ -57,7 +57,10 @@ class SeedReport:
         """Human-readable report: the verdict, the facts, then what the target needs."""
         f = self.facts
         if not self.ok:
-            return f"FAILED  {self.path} is not a usable {self.target} critic seed ({len(self.problems)} problem(s))"
+            return "\n".join([f"FAILED  {self.path} is not a usable {self.target} critic seed "
+                              f"({len(self.problems)} problem(s))"]
+                             + [f"  verdict on {line.replace('**', '')}"
+                                for line in (f.get("quality") or {}).get("verdicts") or []])
         lines = [f"OK  {self.path} is a valid critic seed for {self.target}"]
         arch = f.get("arch", {})
         shape = ", ".join(f"{k} {v}" for k, v in (("hidden", arch.get("hidden_size")),
@@ -84,7 +87,9 @@ class SeedReport:
             val = ", ".join(f"{k} {info[k]:.4g}" for k in headline if isinstance(info.get(k), float))
             lines.append(f"  training: total_steps {info.get('total_steps')}" + (f", {val}" if val else ""))
         q = f.get("quality")
-        if q and "critic" in q:
+        if q and "critic" in q and "call" in q:
+            lines.append(f"  quality on the current policy ({q['rows']} rollouts): PASSED, {q['measure']}: helps")
+        elif q and "critic" in q:
             tokens = f", {q['tokens']} turn-first tokens" if q.get("tokens") else ""
             lines.append(f"  quality on the current policy ({q['rows']} rollouts{tokens}): PASSED, {q['measure']} "
                          f"{q['critic']:.3f} > group-mean baseline {q['baseline']:.3f} (margin "
@@ -93,6 +98,8 @@ class SeedReport:
                 ceiling = f" (true values: {q['ceiling']:.3f})" if q.get("ceiling") is not None else ""
                 lines.append(f"  explained variance there: {q['explained_variance']:.3f}{ceiling}; a low one means "
                              "the value levels are off for this policy, which PPO's first steps re-learn")
+        for line in (q or {}).get("verdicts") or []:
+            lines.append(f"  verdict on {line.replace('**', '')}")
         opt = f.get("optimizer")
         if self.kind == "step":
             lines.append("  optimizer: " + (describe_optimizer(opt) if opt else "none (the PPO run builds a fresh one)")

@@ -160,7 +160,19 @@ def runs_markdown(summaries: list[RunSummary]) -> str:
             adv = advantage_markdown(s.calibration, "eval")
             if adv:
                 lines += ["", f"### Advantages of {Path(s.calibration['checkpoint']['path']).name}", "", *adv]
+        lines += ["", "### Should I use this seed?", "", *verdict_lines(s.calibration)]
     return "\n".join(lines) + "\n"
+
+
+def verdict_lines(evaluation: dict | None) -> list[str]:
+    """The verdict on each held-out regime of the picked checkpoint (``eval.verdict``): the lines
+    report.md ends with."""
+    regimes = (evaluation or {}).get("regimes") or []
+    if not regimes:
+        return ["No verdict: the picked checkpoint was not evaluated (`report` without `--no-eval` evaluates it)."]
+    name = Path(evaluation["checkpoint"]["path"]).name
+    return [f"- {name} on {r['verdict']['line']}" for r in regimes] + [
+        "", "How the verdict is reached and what each number means: docs/warm.md, *Should I use this seed?*"]
 
 
 def _plateau_text(step: int | None, last_eval: int) -> str:
