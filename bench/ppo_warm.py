@@ -330,7 +330,7 @@ def render(n: dict) -> str:
               "is `<|im_end|>`, which the chat template puts inside every prompt, and TRL masks pad ids out of the "
               "attention); one lambda for actor and critic (TRL has no decoupled critic lambda: all arms use "
               f"{s['ppo']['lam']:g}); the reward function as a module TRL's `get_reward` can call.", "",
-              n["verdict"], END]
+              n["verdict"]] + (["", n["note"]] if n.get("note") else []) + [END]
     return "\n".join(lines)
 
 
@@ -339,20 +339,32 @@ def verdict(rows: list[dict]) -> str:
     by = {r["arm"]: r for r in rows}
     if "warm" not in by:
         return "No warm arm in this run."
-    last = list(by["warm"]["reward"])[-1]
+    windows = list(by["warm"]["reward"])
+    last = windows[-1]
     mean = {a: statistics.fmean(r["reward"][last]) for a, r in by.items()}
-    sd = {a: statistics.pstdev(r["reward"][last]) for a, r in by.items()}
     out = [f"The warm critic explains {by['warm']['ev_1_20']:.2f} of the return variance on fresh rollouts over "
            f"the first 20 PPO steps" + (f", the cold one {by['cold']['ev_1_20']:.2f}" if "cold" in by else "") + "."]
-    within = [a for a in by if a != "warm" and abs(mean["warm"] - mean[a]) <= max(sd["warm"], sd[a])]
+
+    def gap(a: str, w: str) -> tuple[float, float]:
+        """warm minus arm ``a`` in window ``w``, and its standard error (sample sd over seeds)."""
+        x, y = by["warm"]["reward"][w], by[a]["reward"][w]
+        se = math.hypot(*(statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else math.inf for v in (x, y)))
+        return statistics.fmean(x) - statistics.fmean(y), se
+
+    # Two arms differ in a window when their means are more than two standard errors of the
+    # difference apart: with 3 seeds per arm a gap inside that is noise, not a finding.
+    others = [a for a in by if a != "warm"]
+    ahead = {a: [w for w in windows if gap(a, w)[0] > 2 * gap(a, w)[1]] for a in others}
     rewards = ", ".join(f"{a} {mean[a]:.3f}" for a in by)
-    out.append(f"Mean reward in steps {last}: {rewards}; "
-               + (f"{', '.join(within)} within the seed spread of warm." if within else "none within the seed spread "
-                                                                                       "of warm."))
+    diffs = ", ".join("{} {:+.3f} ± {:.3f}".format(a, *gap(a, last)) for a in others)
+    out.append(f"Mean reward in steps {last}: {rewards}; warm minus each arm there (± standard error over seeds): "
+               f"{diffs}. Windows in which warm is more than two standard errors ahead: "
+               + "; ".join(f"{a}: {', '.join(ahead[a]) if ahead[a] else 'none'}" for a in others) + ".")
+    within = [a for a in others if abs(gap(a, last)[0]) <= 2 * gap(a, last)[1]]
     if "no critic" in within:
         out.append("The control without a critic (the batch mean, which TRL's advantage whitening subtracts, as the "
-                   "only baseline) is as good: on this task nothing a critic knows beyond the batch mean reaches the "
-                   "reward, so a better critic cannot show in it (see \"Why the reward does not move\").")
+                   "only baseline) is as good within the noise of these seeds: on this task little that a critic "
+                   "knows beyond the batch mean reaches the reward (see \"Why the reward does not move\").")
     return " ".join(out)
 
 
@@ -409,6 +421,9 @@ def main() -> None:
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--render", action="store_true",
                    help="run nothing: summarise the arms already in --work (the seeds they have) and write")
+    p.add_argument("--note", default=None,
+                   help="one line on how this run was made, kept in the numbers and printed under the table "
+                        "(e.g. a seed run later, on other threads)")
     p.add_argument("--results", type=Path, default=NUMBERS,
                    help="where the numbers go; the plot and the docs block are written only for the default")
     args = p.parse_args()
@@ -437,7 +452,7 @@ def main() -> None:
     rows = summarize(runs, pretrain_s, args.threshold, args.steps)
     numbers = {"settings": {**settings, "seeds": len({r["seed"] for r in runs})}, "threshold": args.threshold,
                "pretrain_seconds": pretrain_s, "seconds": pretrain_s + sum(r["seconds"] for r in runs),
-               "rows": rows, "verdict": verdict(rows), "runs": runs}
+               "rows": rows, "verdict": verdict(rows), "note": args.note, "runs": runs}
     args.results.write_text(json.dumps(numbers, indent=1) + "\n")
     if args.results != NUMBERS:
         print(f"wrote {args.results}")
