@@ -33,8 +33,12 @@ from .errors import UserError, did_you_mean, first_line
 log = logging.getLogger(__name__)
 
 
-def build_config(cfg: ModelConfig) -> PretrainedConfig:
-    """The HF config of the value model: backbone config + ``num_labels=1``, no head dropout."""
+def build_config(cfg: ModelConfig, *, saved: bool = False) -> PretrainedConfig:
+    """The HF config of the value model: backbone config + ``num_labels=1``, no head dropout.
+
+    ``saved``: ``cfg.config`` is a config.json transformers wrote (a checkpoint's), not keys a
+    user typed: it is not checked for typos (a converted backbone's config carries fields its
+    class does not declare, e.g. a GGUF-built Llama's ``unk_token_id``)."""
     overrides = dict(cfg.config or {})
     if cfg.name_or_path:
         try:
@@ -54,7 +58,8 @@ def build_config(cfg: ModelConfig) -> PretrainedConfig:
         overrides = dict(overrides)
         model_type = overrides.pop("model_type")
         try:
-            check_config_keys(AutoConfig.for_model(model_type), overrides)
+            if not saved:
+                check_config_keys(AutoConfig.for_model(model_type), overrides)
             config = AutoConfig.for_model(model_type, **overrides)
         except ValueError as e:
             raise UserError(f"model.config: {first_line(e)}; "
@@ -82,7 +87,10 @@ LEGACY_CONFIG_KEYS = frozenset({"rope_theta", "rope_scaling", "rope_type", "part
 def check_config_keys(default: PretrainedConfig, keys) -> None:
     """An unknown ``model.config`` key is a typo until proven otherwise: transformers would
     store it and silently build the default (a `hiden_size` trains a 4096-wide model). Known:
-    the config class's fields and the optional ones its modeling code reads (Qwen2's `head_dim`)."""
+    the config class's fields and the optional ones its modeling code reads (Qwen2's `head_dim`).
+    Keys with a leading underscore are metadata no modeling code reads (a GGUF-converted config
+    carries `_model_name_or_path`, the GGUF's name): a typo there builds nothing different."""
+    keys = [k for k in keys if not k.startswith("_")]
     known = (set(dir(default)) | set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
              | LEGACY_CONFIG_KEYS | modeling_keys(type(default)))
     for key in keys:

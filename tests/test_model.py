@@ -200,3 +200,19 @@ def test_train_cli_refuses_in_one_line(toy_data, tmp_path, capsys):
 ])
 def test_position_limit(extra, limit):
     assert position_limit(build_config(ModelConfig(config={**TINY_MODEL, **extra}))) == limit
+
+
+def test_metadata_keys_of_a_converted_config_build_the_same_model():
+    """A GGUF-converted folder's config.json carries `_model_name_or_path` (the GGUF's name) and
+    `unk_token_id` (no LlamaConfig field); a checkpoint of it must load in eval and audit.
+    Underscore keys are metadata; a saved config.json is not checked for typos."""
+    plain = build_config(ModelConfig(config={**SMALL, "model_type": "llama"}))
+    with_meta = build_config(ModelConfig(config={**SMALL, "model_type": "llama",
+                                                 "_model_name_or_path": "Smollm2 135M 8k"}))
+    drop = ("_model_name_or_path", "_name_or_path")
+    assert ({k: v for k, v in with_meta.to_dict().items() if k not in drop}
+            == {k: v for k, v in plain.to_dict().items() if k not in drop})
+    saved = build_config(ModelConfig(config={**SMALL, "model_type": "llama", "unk_token_id": 0}), saved=True)
+    assert saved.hidden_size == plain.hidden_size
+    with pytest.raises(UserError, match="unk_token_id"):  # typed by a user: still a typo until proven otherwise
+        build_config(ModelConfig(config={**SMALL, "model_type": "llama", "unk_token_id": 0}))

@@ -40,7 +40,7 @@ def checkpoint_model_config(step_dir: Path, cfg, trust_remote_code: bool = False
     hf_config = json.loads(ckpt.StepPaths(step_dir).hf_config.read_text())
     model_cfg = dataclasses.replace(cfg.model, name_or_path=None, config=hf_config, init_from="backbone",
                                     trust_remote_code=trust_remote_code)
-    return model_cfg, build_config(model_cfg)
+    return model_cfg, build_config(model_cfg, saved=True)
 
 
 def load_checkpoint_model(step_dir: Path, cfg, device: torch.device, trust_remote_code: bool = False, *,
