@@ -208,11 +208,12 @@ def interval(est: float, lo: float, hi: float) -> verdict.Interval:
     ((0.3, 0.1, 0.5), (0.5, 0.4, 0.6), "helps"),
     ((0.1, -0.1, 0.3), (0.5, 0.4, 0.6), "no better than the group mean"),
     ((-0.4, -0.6, -0.2), (0.1, 0.05, 0.2), "no better than the group mean"),   # worse than GRPO, better than none
+    ((0.12, 0.05, 0.2), (0.0, -0.02, 0.02), "no better than the group mean"),  # a constant beats noisy siblings
     ((-0.9, -1.2, -0.6), (-0.3, -0.5, -0.1), "harmful"),
 ])
 def test_the_call_follows_the_intervals(monkeypatch, ev_g, ev_b, call):
-    """helps: EV over the group mean surely above 0; harmful: EV over the batch mean surely
-    below 0 (more advantage variance than no critic); else no better than the group mean."""
+    """helps: EV over the group mean and over the batch mean surely above 0; harmful: EV over the
+    batch mean surely below 0 (more advantage variance than no critic); else no better."""
     results = iter([ev_g, ev_b])
     real = verdict._ev
 

@@ -26,9 +26,12 @@ responses):
 Intervals: percentile bootstrap over prompts (``BOOTSTRAP`` resamples of the groups with
 replacement, seed 0), so a prompt's correlated responses move together. The verdict:
 
-- **helps**: the interval of ``ev_vs_group_mean`` lies above 0;
+- **helps**: the intervals of ``ev_vs_group_mean`` and ``ev_vs_batch_mean`` both lie above 0:
+  the critic beats both baselines PPO has for free. Beating the group mean alone is not enough:
+  where prompts differ little, the leave-one-out mean of a few siblings is a noisier baseline
+  than the batch mean, and a constant value (a critic that learned nothing) beats it;
 - **harmful**: the interval of ``ev_vs_batch_mean`` lies below 0 (worse than no critic);
-- **no better than the group mean**: everything else (the free group baseline does as well).
+- **no better than the group mean**: everything else (a free baseline does as well).
 
 Cost: the device adds ``N_FIELDS`` sums per rollout (``row_sums``, into the evaluation's one
 all-reduce); the host work here is a few matrix products over the groups.
@@ -152,7 +155,8 @@ class Verdict:
                     "policy PPO starts from, then retrain")
         if self.call == "unknown":
             return "evaluate on more rollouts (several prompts, two or more responses each)"
-        return ("a group-mean baseline (GRPO) does as well for free: retrain with bootstrapped targets "
+        return ("a free baseline (the group mean of GRPO, or the batch mean PPO subtracts anyway) does as well: "
+                "retrain with bootstrapped targets "
                 "(targets.values_from=critic), more rollouts of this policy or a longer schedule, or start PPO "
                 "without it")
 
@@ -282,6 +286,6 @@ def judge(rows: np.ndarray, group: np.ndarray, outcome: np.ndarray, baseline: np
         label = outcome == values[1]
         terminal = interval(np.concatenate([weighted_auc(rows[:, V_LAST], label, weights[b:b + 64][:, group])
                                             for b in range(0, len(weights), 64)]))   # [64, R] at a time
-    call = ("helps" if ev_g.lo > 0 else "harmful" if ev_b.hi < 0 else "no better than the group mean")
+    call = ("helps" if ev_g.lo > 0 and ev_b.lo > 0 else "harmful" if ev_b.hi < 0 else "no better than the group mean")
     return Verdict(call, base, ev_g, ev_b, interval(_rho(s)), aucs, int(pairs[:, 0, 1].sum()), terminal,
                    interval(_ev(f[:, 0], f[:, 1], f[:, 2], f[:, 3], f[:, 4])), n_groups, int(keep.sum()))
