@@ -27,6 +27,8 @@ COMMANDS = {
     "eval": ("critic_pretrain.commands.eval", "evaluate a checkpoint on any rollouts and write JSON"),
     "report": ("critic_pretrain.commands.report", "PNG plots and a summary of one or more runs"),
     "export": ("critic_pretrain.commands.export", "export a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL"),
+    "audit": ("critic_pretrain.commands.audit",
+              "the critic against the policy's own Monte-Carlo values at states of held-out responses"),
     "seed": ("critic_pretrain.commands.seed", "check a seed before a PPO run loads it: seed check PATH"),
     "plan": ("critic_pretrain.commands.plan",
              "memory per GPU under DDP and FSDP2, and the largest data.max_tokens that fits"),

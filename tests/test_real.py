@@ -40,18 +40,24 @@ def test_saved_folder_is_the_gguf_model(smollm2):
         torch.testing.assert_close(ours(ids).logits, theirs(ids).logits, rtol=0, atol=0)
 
 
-@pytest.mark.slow
-def test_two_training_steps_on_the_real_sample(smollm2, tmp_path):
-    """The recipe, from the saved folder, on the shipped real rollouts: trains, writes a seed the
-    check passes, and records the tokenizer the sample was collected with."""
-    from critic_pretrain import checkpoint as ckpt
-    from critic_pretrain.interop.check import check_seed
+@pytest.fixture(scope="module")
+def real_run(smollm2, tmp_path_factory):
+    """The recipe, from the saved folder, 2 steps on the shipped real rollouts (both held-out regimes)."""
     _, folder = smollm2
-    out = tmp_path / "run"
+    out = tmp_path_factory.mktemp("real") / "run"
     assert train_main(["--config", str(ROOT / "configs" / "smollm2-135m.yaml"), f"model.name_or_path={folder}",
                        f"data.train=[{SAMPLE}]", f"output_dir={out}", "train.max_steps=2", "data.max_tokens=512",
-                       "checkpoint.save_every=2", "eval.every=2", "eval.max_tokens=1024", "train.progress=false"]) == 0
-    step = out / "step_2"
+                       "checkpoint.save_every=2", "eval.every=2", "eval.max_tokens=1024", "train.progress=false",
+                       "data.val_split=both"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_two_training_steps_on_the_real_sample(real_run):
+    """Trains, writes a seed the check passes, and records the tokenizer the sample was collected with."""
+    from critic_pretrain import checkpoint as ckpt
+    from critic_pretrain.interop.check import check_seed
+    step = real_run / "step_2"
     report = check_seed(step)
     assert report.ok, report.problems
     manifest = ckpt.Manifest.read(step)
@@ -59,3 +65,22 @@ def test_two_training_steps_on_the_real_sample(smollm2, tmp_path):
     assert (manifest.tokenizer == recorded["tokenizer"]
             and manifest.raw["model"]["class"] == "LlamaForTokenClassification")
     assert manifest.rewards["logged"]["stated_by"].startswith("examples/smollm2/task.py")
+
+
+@pytest.mark.slow
+def test_audit_on_the_real_sample(smollm2, real_run, tmp_path, monkeypatch, capsys):
+    """`audit` with the policy that sampled the sample and the task's reward function: the reward
+    function reproduces every stored reward (else it refuses), continuations are sampled with the
+    recorded settings, and the JSON holds MC values for both held-out regimes."""
+    from critic_pretrain.cli import main
+    _, folder = smollm2
+    monkeypatch.chdir(ROOT)  # examples.smollm2.task:reward is importable from the checkout
+    out = tmp_path / "audit.json"
+    assert main(["audit", str(real_run / "step_2"), "--policy", str(folder), "--reward",
+                 "examples.smollm2.task:reward", "--rollouts", str(SAMPLE), "--max-rollouts", "2", "--cuts", "2",
+                 "--samples", "2", "--out", str(out), "--device", "cpu"]) == 0
+    res = json.loads(out.read_text())
+    assert res["settings"]["temperature"] == 0.7 and res["settings"]["max_new_tokens"] == 32
+    assert {r["regime"] for r in res["rows"]} == {"prompt", "response"}
+    assert all(c["samples"] == 2 and c["mc"] in (0.0, 0.5, 1.0) for r in res["rows"] for c in r["cuts"])
+    assert "estimate: the first batch" in capsys.readouterr().out

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,8 @@ class RunSummary:
     checkpoints: list[int]
     pick: int | None
     calibration: dict | None
+    audits: dict[str, dict] = field(default_factory=dict)
+    """``step_<n>`` -> what ``critic-pretrain audit`` wrote for it (``<run>/eval/step_<n>-audit.json``)."""
 
 
 def pick_checkpoint(run: RunData) -> tuple[list[int], int | None]:
@@ -103,7 +106,22 @@ def summarize_run(run: RunData, calibration: dict | None = None) -> RunSummary:
         best_loss=best_loss, best_ev=best_ev,
         plateau_loss=plateau_step(steps, loss), plateau_ev=plateau_step(ev_steps, ev, higher_is_better=True),
         overtrained=regressed(loss), checkpoints=saved, pick=pick,
-        calibration=calibration)
+        calibration=calibration, audits=read_audits(run.path))
+
+
+def read_audits(run_dir) -> dict[str, dict]:
+    """The audits of a run's checkpoints, by step folder name, in step order; unreadable files are
+    skipped (a report is no place to fail over a stray file)."""
+    out = {}
+    for f in sorted(Path(run_dir, "eval").glob("step_*-audit.json"),
+                    key=lambda f: int(f.name.split("-")[0].removeprefix("step_") or 0)):
+        try:
+            audit = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(audit, dict) and "lines" in audit:
+            out[f.name.split("-")[0]] = audit
+    return out
 
 
 def _fmt(v) -> str:
@@ -161,7 +179,20 @@ def runs_markdown(summaries: list[RunSummary]) -> str:
             if adv:
                 lines += ["", f"### Advantages of {Path(s.calibration['checkpoint']['path']).name}", "", *adv]
         lines += ["", "### Should I use this seed?", "", *verdict_lines(s.calibration)]
+        for name, audit in s.audits.items():
+            lines += ["", f"### Audit of {name}: the critic against the policy's Monte-Carlo values", "",
+                      *audit_lines(audit)]
     return "\n".join(lines) + "\n"
+
+
+def audit_lines(audit: dict) -> list[str]:
+    """What ``critic-pretrain audit`` found, with how it sampled."""
+    st = audit.get("settings", {})
+    how = (f"`{st.get('policy')}` sampled {st.get('samples')} continuation(s) from up to {st.get('cuts')} states "
+           f"in each of {len(audit.get('rows', []))} held-out rollouts (temperature {st.get('temperature')}, "
+           f"top-p {st.get('top_p')}, at most {st.get('max_new_tokens')} tokens, reward `{st.get('reward')}`) "
+           f"with {audit.get('sampler')} in {audit.get('seconds', 0) / 60:.1f} min.")
+    return [how, "", *(f"- {line.strip()}" for line in audit["lines"])]
 
 
 def verdict_lines(evaluation: dict | None) -> list[str]:
