@@ -280,3 +280,35 @@ def test_run_with_both_regimes_and_eval_on_its_own_rollouts(tmp_path, capsys):
         for name in ("ev_vs_group_mean", "ev_vs_batch_mean", "rho"):
             assert b[name]["est"] == pytest.approx(a[name]["est"], rel=1e-9, abs=1e-12), (regime, name)
         assert b["call"] == a["call"]
+
+
+def test_critics_that_learned_nothing_are_never_called_helps(tmp_path):
+    """The outcome of each toy rollout shows in its first token, so a trained critic knows it and
+    its verdict on held-out responses is **helps**; trained on the same rollouts with rewards
+    permuted across them, or left at step 0 (lr 1e-30), it knows nothing and must not be."""
+    from conftest import toy_rows
+
+    from critic_pretrain.eval import evaluate_checkpoint
+    from rollouts import write_rows
+
+    rows = toy_rows(240, seed=3)
+    perm = np.random.default_rng(0).permutation(len(rows))
+    shuffled = [{**r, "reward": rows[j]["reward"]} for r, j in zip(rows, perm)]
+    calls = {}
+    for name, table, extra in (("trained", rows, {"train.max_steps": 40}),
+                               ("shuffled", shuffled, {"train.max_steps": 40}),
+                               ("step 0", rows, {"train.max_steps": 1, "optim.lr": 1e-30, "optim.warmup_steps": 0})):
+        data, out = tmp_path / f"{name}-data", tmp_path / name
+        write_rows(data, table)
+        steps = extra["train.max_steps"]
+        assert train_main(tiny_overrides(out, data, **{"data.val_split": "response", "data.val_fraction": 0.3,
+                                                       "checkpoint.save_every": steps, **extra})) == 0
+        if name == "shuffled":  # judged on the true rewards, as seed check --rollouts would
+            write_rows(tmp_path / "true", rows)
+            ev = evaluate_checkpoint(out / f"step_{steps}", [str(tmp_path / "true")], cold_every=0,
+                                     leave_out_trained=True)
+        else:
+            ev = evaluate_checkpoint(out / f"step_{steps}", cold_every=0)
+        calls[name] = {r["regime"]: r["verdict"]["call"] for r in ev["regimes"] if r["rows"]}
+    assert calls["trained"] == {"response": "helps"}
+    assert "helps" not in calls["shuffled"].values() and "helps" not in calls["step 0"].values(), calls
