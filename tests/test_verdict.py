@@ -312,3 +312,9 @@ def test_critics_that_learned_nothing_are_never_called_helps(tmp_path):
         calls[name] = {r["regime"]: r["verdict"]["call"] for r in ev["regimes"] if r["rows"]}
     assert calls["trained"] == {"response": "helps"}
     assert "helps" not in calls["shuffled"].values() and "helps" not in calls["step 0"].values(), calls
+
+
+def test_the_oracle_rule_needs_a_margin_beyond_rounding():
+    assert not verdict.beats_with_oracle(0.0387, 0.0386, 1000)        # a collapsed critic ties the control
+    assert verdict.beats_with_oracle(0.76, 0.55, 1000)
+    assert not verdict.beats_with_oracle(0.60, 0.55, 1000)           # 0.05 < 2 / sqrt(1000) = 0.063

@@ -400,6 +400,12 @@ def call(summary: dict) -> str:
     return "better" if d > 2 * se else "worse" if d < -2 * se else "no better"
 
 
+CALL_TEXT = {"better": "the critic is **better** than the prompt-only value (by more than two standard errors)",
+             "no better": "the critic is **no better** than the prompt-only value beyond two standard errors "
+                          "(more rollouts narrow the interval: --max-rollouts)",
+             "worse": "the critic is **worse** than the prompt-only value (by more than two standard errors)"}
+
+
 def summarize(rollouts: list[Rollout], boot: int = BOOTSTRAP, seed: int = 0) -> dict:
     """Overall, per cut index and per regime."""
     rows = [(ro.cuts[i].critic, ro.prompt_only, ro.cuts[i].mc, ro.cuts[i].mc_se, j, ro.cuts[i].k, ro.regime)
@@ -432,7 +438,7 @@ def summary_lines(summary: dict) -> list[str]:
     lines = [f"correlation with the policy's Monte-Carlo values over {o['cuts']} states of {o['rollouts']} rollouts: "
              f"critic {o['corr_critic']:.3f} ± {o['corr_critic_se']:.3f}, prompt-only (leave-one-out group mean) "
              f"{o['corr_prompt_only']:.3f} ± {o['corr_prompt_only_se']:.3f}; difference {o['corr_diff']:+.3f} ± "
-             f"{o['corr_diff_se']:.3f}: the critic is **{summary['call']}** than the prompt-only value",
+             f"{o['corr_diff_se']:.3f}: " + CALL_TEXT.get(summary["call"], "unknown"),
              f"MC noise: a perfect value would reach correlation {o['ceiling']:.3f} with these estimates; MSE "
              f"(noise removed) critic {o['mse_critic']:.4f}, prompt-only {o['mse_prompt_only']:.4f}"]
     for b in summary["by_cut"]:
@@ -444,7 +450,7 @@ def summary_lines(summary: dict) -> list[str]:
         if "corr_critic" in b:
             lines.append(f"  {g} regime ({b['rollouts']} rollouts): critic {b['corr_critic']:.3f} ± "
                          f"{b['corr_critic_se']:.3f}, prompt-only {b['corr_prompt_only']:.3f} ± "
-                         f"{b['corr_prompt_only_se']:.3f}")
+                         f"{b['corr_prompt_only_se']:.3f}: {call(b)}")
     return lines
 
 

@@ -145,6 +145,7 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
     A stale critic (trained on an older policy) that fails gives PPO nothing a group baseline
     does not give for free, or worse."""
     from ..eval.from_checkpoint import evaluate_checkpoint
+    from ..eval.verdict import beats_with_oracle
 
     try:  # evaluate_checkpoint refuses them too; here it is a failed check, not an aborted one
         preflight.check_rollouts_tokenizer(rollouts, getattr(ckpt.Manifest.read(step_dir), "tokenizer", None),
@@ -169,11 +170,12 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
         q.update(ceiling=m.get("eval/ev_oracle_values"),
                  tokens=next((r["n"] for r in ev.get("advantages", []) if r["estimator"] == "critic"
                               and r["lam"] == QUALITY_LAM and r["tokens"] == "first"), None))
-        if not critic > control:
+        if not beats_with_oracle(critic, control, q["tokens"]):
             report.fail("quality", f"{where}: the critic's advantages (lambda {QUALITY_LAM:g}) correlate {critic:.3f} "
                         f"with the true ones at turn-first tokens, no better than the group mean return as a constant "
-                        f"value ({control:.3f}; GRPO {q['grpo']:.3f}): the critic is stale for this policy or "
-                        "under-trained; retrain with its rollouts in the data or start PPO without it")
+                        f"value ({control:.3f}, by more than two standard errors over {q['tokens']} tokens; GRPO "
+                        f"{q['grpo']:.3f}): the critic is stale for this policy or under-trained; retrain with its "
+                        "rollouts in the data or start PPO without it")
     elif decisive is not None:
         q.update(measure=f"verdict on {decisive['regime']}", call=decisive["call"],
                  critic=decisive["ev_vs_group_mean"]["est"], baseline=0.0)
