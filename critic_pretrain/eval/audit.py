@@ -215,6 +215,9 @@ class Sampling:
     top_p: float
     max_new_tokens: int
     seed: int = 0
+    top_k: int | None = None
+    """As recorded; None: not passed, so generate applies the policy's own generation config, as a
+    plain ``generate(do_sample=True, temperature=..., top_p=...)`` call (the collector's) did."""
 
     @classmethod
     def of(cls, recorded: dict | None, *, temperature: float | None, top_p: float | None,
@@ -230,7 +233,8 @@ class Sampling:
         if t < 0 or not 0 < p <= 1 or m < 1:
             raise UserError(f"sampling settings temperature={t} top_p={p} max_new_tokens={m}: need temperature >= 0, "
                             "0 < top_p <= 1, max_new_tokens >= 1")
-        return cls(float(t), float(p), int(m), seed)
+        k = rec.get("top_k")
+        return cls(float(t), float(p), int(m), seed, None if k is None else int(k))
 
 
 class HFSampler:
@@ -259,7 +263,9 @@ class HFSampler:
             attn[i, width - len(p):] = 1
         greedy = s.temperature == 0
         kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=s.temperature, top_p=s.top_p,
-                                                           top_k=0, num_return_sequences=n)
+                                                           num_return_sequences=n)
+        if s.top_k is not None and not greedy:
+            kwargs["top_k"] = s.top_k
         out = self.model.generate(ids.to(self.device), attention_mask=attn.to(self.device),
                                   max_new_tokens=max(budgets), pad_token_id=self.pad,
                                   eos_token_id=sorted(self.eos) or None, **kwargs)
@@ -289,7 +295,8 @@ class VLLMSampler:
         from vllm import SamplingParams
         s = self.sampling
         greedy = s.temperature == 0
-        params = [SamplingParams(n=1 if greedy else n, temperature=s.temperature, top_p=s.top_p, max_tokens=b)
+        top_k = {} if s.top_k is None else {"top_k": s.top_k}
+        params = [SamplingParams(n=1 if greedy else n, temperature=s.temperature, top_p=s.top_p, max_tokens=b, **top_k)
                   for b in budgets]
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prefixes], params, use_tqdm=False)
         return [[list(o.token_ids) for o in out.outputs] for out in outs]
