@@ -41,7 +41,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rollouts.tokenizer import fingerprint
+
+from .. import checkpoint as ckpt
+from .. import preflight
+from ..config_io import load_config
+from ..data import store as store_mod
 from ..errors import UserError
+from ..model import position_limit
+from .from_checkpoint import (
+    _rows_to_evaluate,
+    checked_step_dir,
+    checkpoint_model_config,
+    load_checkpoint_model,
+    resolve_device,
+)
+from .policy_sampling import HFSampler, Sampling, VLLMSampler, load_policy, load_tokenizer, vllm_available
 
 CUTS = 4
 SAMPLES = 8
@@ -202,108 +217,6 @@ def critic_values(model: torch.nn.Module, rollouts: list[Rollout], device: torch
         values = token_values(model, ids, pos)[0].float().cpu()     # [T]; one host sync per rollout
         for cut in ro.cuts:
             cut.critic = float(values[cut.position])
-
-
-# ---------------------------------------------------------------------------------------------
-# Sampling continuations
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    """How the rollouts were sampled (``_rollouts.json`` ``generation``), overridable per flag."""
-
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-    seed: int = 0
-    top_k: int | None = None
-    """As recorded; None: not passed, so generate applies the policy's own generation config, as a
-    plain ``generate(do_sample=True, temperature=..., top_p=...)`` call (the collector's) did."""
-
-    @classmethod
-    def of(cls, recorded: dict | None, *, temperature: float | None, top_p: float | None,
-           max_new_tokens: int | None, seed: int) -> Sampling:
-        rec = recorded or {}
-        t = temperature if temperature is not None else rec.get("temperature")
-        m = max_new_tokens if max_new_tokens is not None else rec.get("max_new_tokens")
-        missing = [flag for flag, v in (("--temperature", t), ("--max-new-tokens", m)) if v is None]
-        if missing:
-            raise UserError(f"the rollouts do not record how they were sampled (_rollouts.json 'generation'); pass "
-                            f"{' and '.join(missing)} as the policy sampled them")
-        p = top_p if top_p is not None else rec.get("top_p", 1.0)
-        if t < 0 or not 0 < p <= 1 or m < 1:
-            raise UserError(f"sampling settings temperature={t} top_p={p} max_new_tokens={m}: need temperature >= 0, "
-                            "0 < top_p <= 1, max_new_tokens >= 1")
-        k = rec.get("top_k")
-        return cls(float(t), float(p), int(m), seed, None if k is None else int(k))
-
-
-class HFSampler:
-    """Continuations with transformers ``generate``: prefixes left-padded into one batch, ``n``
-    samples each (``num_return_sequences``), cut at the first end-of-sequence token (kept: the
-    policy generated it) and at each prefix's own budget. temperature 0 is greedy (one sample)."""
-
-    name = "transformers generate"
-
-    def __init__(self, model, tokenizer, sampling: Sampling, device: torch.device):
-        self.model, self.sampling, self.device = model, sampling, device
-        eos = model.generation_config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if tokenizer.eos_token_id is not None:
-            self.eos.add(tokenizer.eos_token_id)
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos, default=0)
-
-    @torch.no_grad()
-    def sample(self, prefixes: list[list[int]], budgets: list[int], n: int) -> list[list[list[int]]]:
-        s = self.sampling
-        width = max(map(len, prefixes))
-        ids = torch.full((len(prefixes), width), self.pad, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for i, p in enumerate(prefixes):                                   # left padding
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
-        greedy = s.temperature == 0
-        kwargs = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=s.temperature, top_p=s.top_p,
-                                                           num_return_sequences=n)
-        if s.top_k is not None and not greedy:
-            kwargs["top_k"] = s.top_k
-        out = self.model.generate(ids.to(self.device), attention_mask=attn.to(self.device),
-                                  max_new_tokens=max(budgets), pad_token_id=self.pad,
-                                  eos_token_id=sorted(self.eos) or None, **kwargs)
-        new = out[:, width:].tolist()                                      # [len * n, new]; host sync
-        per = 1 if greedy else n
-        return [[self._trim(new[i * per + j], budgets[i]) for j in range(per)] for i in range(len(prefixes))]
-
-    def _trim(self, tokens: list[int], budget: int) -> list[int]:
-        tokens = tokens[:budget]
-        for j, tok in enumerate(tokens):
-            if tok in self.eos:
-                return tokens[:j + 1]
-        return tokens
-
-
-class VLLMSampler:
-    """The same continuations through vLLM (used when it is installed): token-id prompts, one
-    ``SamplingParams`` per prefix for its budget. Not exercised by the CPU test suite."""
-
-    name = "vLLM"
-
-    def __init__(self, policy: str, sampling: Sampling):
-        from vllm import LLM
-        self.llm, self.sampling = LLM(model=policy, seed=sampling.seed), sampling
-
-    def sample(self, prefixes: list[list[int]], budgets: list[int], n: int) -> list[list[list[int]]]:
-        from vllm import SamplingParams
-        s = self.sampling
-        greedy = s.temperature == 0
-        top_k = {} if s.top_k is None else {"top_k": s.top_k}
-        params = [SamplingParams(n=1 if greedy else n, temperature=s.temperature, top_p=s.top_p, max_tokens=b, **top_k)
-                  for b in budgets]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prefixes], params, use_tqdm=False)
-        return [[list(o.token_ids) for o in out.outputs] for out in outs]
-
-
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,38 +423,19 @@ def prepare(step_dir: str | Path, policy: str, reward: str, rollouts: list[str] 
     ``rollouts``: rollouts of the policy (the critic's trained-on rollouts are left out, the rest
     split by whether it trained on their prompt); None: the run's own held-out sets. ``stack``:
     an ExitStack that owns temporary folders. ``use_vllm``: None uses it when installed."""
-    from rollouts.paths import archive_folder
-    from rollouts.provenance import read_manifest
-    from rollouts.tokenizer import fingerprint
-
-    from .. import checkpoint as ckpt
-    from .. import preflight
-    from ..config_io import load_config
-    from ..data import store as store_mod
-    from ..model import position_limit
-    from .from_checkpoint import (
-        _rows_to_evaluate,
-        checked_step_dir,
-        checkpoint_model_config,
-        load_checkpoint_model,
-        resolve_device,
-    )
-
-    for flag, v, low in (("--cuts", cuts, 1), ("--samples", samples, 1), ("--max-rollouts", max_rollouts, 1),
-                         ("--batch", batch, 1)):
-        if v < low:
-            raise UserError(f"{flag} {v} must be >= {low}")
+    for flag, v in (("--cuts", cuts), ("--samples", samples), ("--max-rollouts", max_rollouts), ("--batch", batch)):
+        if v < 1:
+            raise UserError(f"{flag} {v} must be >= 1")
     step_dir = checked_step_dir(str(step_dir))
     cfg = load_config(ckpt.StepPaths(step_dir).config_yaml)
     reward_fn = load_reward_fn(reward)
     dev = resolve_device(device)
-    tokenizer = _load_tokenizer(policy)
+    tokenizer = load_tokenizer(policy)
     specs = list(rollouts) if rollouts else [p for src in cfg.data.all_sources() for p in src.paths]
     preflight.check_rollouts_tokenizer(specs, fingerprint(tokenizer),
                                        "pass the policy that sampled these rollouts (--policy)")
-    recorded = next((read_manifest(f).get("generation") for f in map(archive_folder, specs) if f is not None
-                     and read_manifest(f).get("generation")), None)
-    sampling = Sampling.of(recorded, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
+    sampling = Sampling.of(recorded_generation(specs), temperature=temperature, top_p=top_p,
+                           max_new_tokens=max_new_tokens, seed=seed)
     configs = checkpoint_model_config(step_dir, cfg)
     manifest = ckpt.Manifest.read(step_dir) or ckpt.Manifest({})
     held = _rows_to_evaluate(step_dir, cfg, manifest, rollouts, cache_dir, stack,
@@ -555,25 +449,32 @@ def prepare(step_dir: str | Path, policy: str, reward: str, rollouts: list[str] 
     critic = load_checkpoint_model(step_dir, cfg, dev, configs=configs)
     critic_values(critic, picked, dev)
     del critic
-    if use_vllm is None:
-        use_vllm = vllm_available() and dev.type == "cuda"
-    sampler = (VLLMSampler(policy, sampling) if use_vllm else
-               HFSampler(_load_policy(policy, dev), tokenizer, sampling, dev))
+    use_vllm = vllm_available() and dev.type == "cuda" if use_vllm is None else use_vllm
+    sampler = VLLMSampler(policy, sampling) if use_vllm else HFSampler(load_policy(policy, dev), tokenizer, sampling,
+                                                                        dev)
     torch.manual_seed(seed)
-    info = ckpt.StepPaths(step_dir).read_training_info() or {}
+    n = 1 if sampling.temperature == 0 else samples  # greedy: one continuation says it all
     settings = {"policy": policy, "reward": reward, "rollouts": list(rollouts) if rollouts else None, "cuts": cuts,
-                "samples": 1 if sampling.temperature == 0 else samples, "max_rollouts": max_rollouts,
-                "batch": batch, **dataclasses.asdict(sampling), "gamma": cfg.targets.gamma,
-                "reward_transform": transform.to_dict()}
-    split = (held[0].split if rollouts else ", ".join(h.split for h in held))
-    return AuditSetup(step_dir, info.get("total_steps"), picked, jobs_of(picked), sampler, tokenizer, reward_fn,
-                      transform, cfg.targets.gamma, sampling, settings["samples"], batch, split, settings)
+                "samples": n, "max_rollouts": max_rollouts, "batch": batch, **dataclasses.asdict(sampling),
+                "gamma": cfg.targets.gamma, "reward_transform": transform.to_dict()}
+    return AuditSetup(step_dir, (ckpt.StepPaths(step_dir).read_training_info() or {}).get("total_steps"), picked,
+                      jobs_of(picked), sampler, tokenizer, reward_fn, transform, cfg.targets.gamma, sampling, n, batch,
+                      held[0].split if rollouts else ", ".join(h.split for h in held), settings)
+
+
+def recorded_generation(specs: list) -> dict | None:
+    """The first ``generation`` record among the rollout archives' ``_rollouts.json``."""
+    from rollouts.paths import archive_folder
+    from rollouts.provenance import read_manifest
+    for folder in map(archive_folder, specs):
+        if folder is not None and read_manifest(folder).get("generation"):
+            return read_manifest(folder)["generation"]
+    return None
 
 
 def _rows_and_regimes(held, step_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """[R] store rows and their regime: a held-out set's own, or for given rollouts whether the
     critic trained on the prompt (``step_<n>/data/trained.safetensors``)."""
-    from .. import checkpoint as ckpt
     if held[0].regime is not None:  # the run's val/ (prompt) and val_response/ sets share one store
         rows = np.concatenate([h.idx for h in held])
         return rows, np.concatenate([np.full(len(h.idx), h.regime) for h in held])
@@ -583,25 +484,3 @@ def _rows_and_regimes(held, step_dir: Path) -> tuple[np.ndarray, np.ndarray]:
         return part.idx, np.full(len(part.idx), "unknown")
     seen = np.isin(part.store.row_hashes(prompt_only=True)[part.idx], trained["prompts"])
     return part.idx, np.where(seen, "response", "prompt")
-
-
-def _load_tokenizer(policy: str):
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(policy, trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        raise UserError(f"--policy {policy}: cannot load its tokenizer ({str(e).splitlines()[0]}); "
-                        "pass the policy's folder or hub id") from None
-
-
-def _load_policy(policy: str, device: torch.device):
-    """The causal LM of ``policy`` (a local folder or hub id, no remote code), loaded only once
-    every check passed: bf16 on CUDA, float32 on CPU."""
-    from transformers import AutoModelForCausalLM
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        model = AutoModelForCausalLM.from_pretrained(policy, dtype=dtype, trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        raise UserError(f"--policy {policy}: cannot load a causal LM ({str(e).splitlines()[0]}); "
-                        "pass the policy's folder or hub id") from None
-    return model.to(device).eval()
