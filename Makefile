@@ -12,11 +12,14 @@ VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS     ?= test
 PYTEST_ARGS ?=
+# 1: the report's values page must be checked in a headless browser (the test fails without one);
+# 0: that test is skipped where chromium is absent (`make REQUIRE_BROWSER=0 test`).
+REQUIRE_BROWSER ?= 1
 
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | cksum | cut -d' ' -f1)
 
-.PHONY: demo test install bench docs-figures clean
+.PHONY: demo test install browser bench docs-figures clean
 
 install: $(STAMP)
 
@@ -30,9 +33,25 @@ demo: $(STAMP)
 	$(BIN)/critic-pretrain rollouts check builtin:sample
 	$(BIN)/critic-pretrain demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/ruff check critic_pretrain rollouts tests bench examples docs
-	TORCH_SPEC="$(TORCH_SPEC)" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	TORCH_SPEC="$(TORCH_SPEC)" CRITIC_PRETRAIN_REQUIRE_BROWSER=$(REQUIRE_BROWSER) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Debian's chromium for tests/test_values_page.py (the report's values.html in a headless browser),
+# installed with apt-get when absent: as root, else through `sudo -n` (never a password prompt). A
+# failed install does not stop `make test`: the browser test then fails and says why (or is skipped
+# with REQUIRE_BROWSER=0).
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ "$(REQUIRE_BROWSER)" = 0 ]; then echo "browser: no chromium, its test will be skipped"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "browser: no chromium and no apt-get: install chromium, or run make REQUIRE_BROWSER=0 test" >&2; \
+	else \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo -n); echo "browser: installing Debian's chromium with apt-get"; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends chromium fonts-dejavu-core >/dev/null \
+	  || echo "browser: apt-get could not install chromium" >&2; \
+	fi
 
 bench: $(STAMP)
 	$(BIN)/python bench/targets.py

@@ -121,6 +121,8 @@ def test_report_on_a_real_run(tmp_path_factory, toy_data, tmp_path, capsys):
     assert saved == [4, 8] and f"Checkpoints: step_4, step_8; pick step_{pick} " in text
     assert f"Calibration of step_{pick} on validation split of the run" in text
     assert (run / "eval" / f"step_{pick}-val.json").is_file()
+    assert "[Values per token of held-out rollouts](values.html)" in text   # no tokenizer: token ids
+    assert (out / "values.html").read_text().count('<div class="rollout">') == report.PAGE_ROLLOUTS
 
 
 @pytest.mark.parametrize("case", ["missing", "no_metrics", "empty", "bad_eval_json"])

@@ -26,7 +26,9 @@ from .from_checkpoint import (
     checkpoint_model_config,
     cold_critic,
     default_out,
+    eval_autocast,
     evaluate_checkpoint,
+    held_out_sets,
     load_checkpoint_model,
     resolve_device,
     write_json,
@@ -35,6 +37,6 @@ from .loop import EvalSums, eval_batches, evaluate, evaluate_detailed
 
 __all__ = ["COLD_EVERY", "POSITION_BUCKETS", "TURN_BUCKETS", "CalibrationGrid", "EvalSums", "Evaluation",
            "group_sums", "calibration_error", "calibration_table", "checkpoint_model_config", "cold_critic",
-           "default_out", "eval_batches", "evaluate", "evaluate_checkpoint", "evaluate_detailed", "finish",
-           "group_index", "load_checkpoint_model", "merge_cells", "n_groups", "resolve_device", "token_buckets",
-           "token_sums", "write_json"]
+           "default_out", "eval_autocast", "eval_batches", "evaluate", "evaluate_checkpoint", "evaluate_detailed",
+           "finish", "group_index", "held_out_sets", "load_checkpoint_model", "merge_cells", "n_groups",
+           "resolve_device", "token_buckets", "token_sums", "write_json"]

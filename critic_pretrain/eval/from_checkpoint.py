@@ -148,7 +148,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
             cold, cold_how = cold_critic(step_dir, cfg, dev, configs, trust_remote_code)
         results = []
         for part in held:  # the run's val/ and val_response/ sets, or the given rollouts
-            with _autocast(dev, cfg.train.mixed_precision):
+            with eval_autocast(dev, cfg.train.mixed_precision):
                 results.append(evaluate_detailed(model, part.store, part.idx, max_tokens=batch_tokens,
                                                  max_length=max_length, layout=Layout(1, 0, 1), device=dev,
                                                  token_cap=token_cap, prefix=part.prefix, cold_model=cold,
@@ -213,6 +213,17 @@ def _verdict_json(v, label: str) -> dict:
     return v.to_json()
 
 
+def held_out_sets(step_dir: Path, cfg, configs) -> list[Held]:
+    """The run's own held-out sets (`val` first, then `val_response`), as ``evaluate_checkpoint``
+    evaluates them: the run's prepared data reused, the split checked unchanged. ``configs``:
+    what ``checkpoint_model_config`` returned. A run without validation is a UserError."""
+    from ..model import position_limit
+
+    manifest = ckpt.Manifest.read(step_dir) or ckpt.Manifest({})
+    return _rows_to_evaluate(step_dir, cfg, manifest, None, None, None, model_limit=position_limit(configs[1]),
+                             vocab_size=configs[1].vocab_size)
+
+
 def _rows_to_evaluate(step_dir: Path, cfg, manifest: ckpt.Manifest, rollouts: list[str] | None, cache_dir, stack, *,
                       model_limit: int | None, vocab_size: int, leave_out_trained: bool = False) -> list[Held]:
     """What to evaluate: other rollouts (checked for the critic's tokenizer, prepared in
@@ -256,7 +267,7 @@ def resolve_device(name: str | torch.device | None) -> torch.device:
     return dev
 
 
-def _autocast(device: torch.device, mixed_precision: str):
+def eval_autocast(device: torch.device, mixed_precision: str):
     """Training's numerics: bf16 autocast where training used it (``auto`` on CUDA)."""
     if device.type == "cuda" and mixed_precision in ("auto", "bf16") and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)

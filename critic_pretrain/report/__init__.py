@@ -10,7 +10,11 @@ Writes into ``--out`` (default ``<first run>/report``):
   the true values' EV (the ceiling) and the group mean's EV as levels when known;
 - ``report.md``: per run the best step by validation loss and by explained variance, the
   final metrics, where it plateaued (``plateau_step``), an over-training warning and the
-  checkpoint to pick; the same text is printed.
+  checkpoint to pick; the same text is printed;
+- ``values.html`` (linked from report.md): a few held-out rollouts of the picked checkpoint token by
+  token, each policy token coloured by its value or by its one-step advantage, with the return, the
+  prompt-only value and, where ``critic-pretrain audit`` ran on that step, the policy's Monte-Carlo
+  values at its cuts (``--page-rollouts N``, default 6; it runs the model, so not with ``--no-eval``).
 
 Calibration comes from evaluating the checkpoint the summary picks (lowest validation loss
 among saved steps; the newest when no saved step was evaluated) on the run's validation
@@ -25,7 +29,8 @@ canvas when saved), so the notebook can display the very same figures inline.
 
 One concern per module: ``runs`` (a run's records), ``summary`` (best steps, plateau,
 over-training, the pick, report.md), ``figures``, ``calibration`` (the eval JSON a report
-draws); ``write_report`` here puts them together. The names below are the API.
+draws), ``values_page`` (the rollouts values.html shows) and ``values_html`` (the page itself);
+``write_report`` here puts them together. The names below are the API.
 """
 
 from __future__ import annotations
@@ -61,16 +66,17 @@ from .summary import (
     runs_markdown,
     summarize_run,
 )
+from .values_page import PAGE_ROLLOUTS, write_values_page
 
-__all__ = ["CURVES", "PLATEAU_TOL", "RunData", "RunSummary", "best_point", "fig_advantage", "fig_buckets",
-           "fig_calibration", "fig_explained_variance", "fig_grad_norm", "fig_loss", "fig_lr", "fig_metric",
-           "fig_tokens_per_s", "figures",
+__all__ = ["CURVES", "PAGE_ROLLOUTS", "PLATEAU_TOL", "RunData", "RunSummary", "best_point", "fig_advantage",
+           "fig_buckets", "fig_calibration", "fig_explained_variance", "fig_grad_norm", "fig_loss", "fig_lr",
+           "fig_metric", "fig_tokens_per_s", "figures",
            "load_metrics", "load_run", "load_runs", "pick_checkpoint", "plateau_step", "read_eval_json", "regressed",
-           "run_calibration", "run_calibrations", "runs_markdown", "summarize_run", "write_report"]
+           "run_calibration", "run_calibrations", "runs_markdown", "summarize_run", "write_report", "write_values_page"]
 
 
 def write_report(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, *, evaluate: bool = True,
-                 eval_jsons: list[str] = ()) -> tuple[list[Path], str]:
+                 eval_jsons: list[str] = (), page_rollouts: int = PAGE_ROLLOUTS) -> tuple[list[Path], str]:
     """Write the PNGs and ``report.md`` to ``out_dir``; returns (files written, summary text)."""
     require("matplotlib", "critic-pretrain report (its PNG figures)")
     runs = load_runs(list(run_dirs))
@@ -86,6 +92,8 @@ def write_report(run_dirs: list[str | os.PathLike], out_dir: str | os.PathLike, 
         fig.savefig(path)
         written.append(path)
     images = "\n".join(f"![{p.stem}]({p.name})" for p in written)
-    fileio.write_text(out / "report.md", f"{text}\n## Figures\n\n{images}\n")
-    written.append(out / "report.md")
+    pages = write_values_page(runs, out, rollouts=page_rollouts) if evaluate else []  # values.html: runs the model
+    fileio.write_text(out / "report.md", f"{text}\n## Figures\n\n{images}\n" + "".join(
+        f"\n[Values per token of held-out rollouts]({p.name})\n" for p in pages))
+    written += [*pages, out / "report.md"]
     return written, text

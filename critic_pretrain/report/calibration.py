@@ -19,15 +19,10 @@ def run_calibration(run_dir: str | os.PathLike, step: int | None = None, *, comp
     otherwise (``compute``) evaluated now and cached there. None without a checkpoint or
     without a validation split (``data.val_fraction=0``, no ``data.val``).
     """
-    from ..checkpoint import StepPaths, find_checkpoints
     from ..eval import default_out, evaluate_checkpoint, write_json
 
-    found = find_checkpoints(run_dir)
-    if not found:
-        return None
-    step_dir = found.get(step, found[max(found)])
-    data = ((StepPaths(step_dir).read_config() or {}).get("data") or {})
-    if not data.get("val") and not data.get("val_fraction"):  # nothing held out: no calibration to draw
+    step_dir = checkpoint_to_draw(run_dir, step)
+    if step_dir is None:
         return None
     cache = default_out(step_dir, None)
     if cache.is_file() and cache.stat().st_mtime >= (step_dir / "critic_pretrain.json").stat().st_mtime:
@@ -39,6 +34,20 @@ def run_calibration(run_dir: str | os.PathLike, step: int | None = None, *, comp
     result = evaluate_checkpoint(step_dir)
     write_json(result, cache)
     return result
+
+
+def checkpoint_to_draw(run_dir: str | os.PathLike, step: int | None = None) -> Path | None:
+    """The checkpoint folder a report evaluates on the run's validation split: ``step`` (default,
+    or not saved: the newest). None without a checkpoint or without a validation split
+    (``data.val_fraction=0``, no ``data.val``): nothing held out, nothing to draw."""
+    from ..checkpoint import StepPaths, find_checkpoints
+
+    found = find_checkpoints(run_dir)
+    if not found:
+        return None
+    step_dir = found.get(step, found[max(found)])
+    data = ((StepPaths(step_dir).read_config() or {}).get("data") or {})
+    return step_dir if data.get("val") or data.get("val_fraction") else None
 
 
 def run_calibrations(runs: list[RunData], *, evaluate: bool = True) -> dict[str, dict | None]:
