@@ -232,3 +232,25 @@ def test_a_constant_critic_is_compared_not_skipped():
     prompt = mc + rng.normal(0, 0.3, 300)               # knows something
     out = audit.compare(np.full(300, 0.5), prompt, mc, np.full(300, 0.1), np.arange(300), boot=50)
     assert out["corr_critic"] == 0.0 and audit.call(out) == "worse"
+
+
+def test_mc_from_reuses_an_earlier_audits_continuations(world, tmp_path, capsys):
+    """MC values belong to the policy: a second audit with --mc-from samples nothing and carries
+    the same returns; an audit with other sampling settings is refused in one line."""
+    first = run_audit(world, tmp_path, "--cuts", "2", "--samples", "3", "--max-rollouts", "5")
+    src = tmp_path / "first.json"
+    (tmp_path / "audit.json").rename(src)
+    capsys.readouterr()
+    second = run_audit(world, tmp_path, "--cuts", "2", "--samples", "3", "--max-rollouts", "5", "--mc-from", str(src))
+    said = capsys.readouterr().out
+    states = sum(len(r["cuts"]) for r in first["rows"])
+    assert f"reused the continuations of {states} state(s)" in said and "estimate:" not in said
+    assert [[c["returns"] for c in r["cuts"]] for r in second["rows"]] == \
+        [[c["returns"] for c in r["cuts"]] for r in first["rows"]]
+    assert second["summary"] == first["summary"] and second["reused"] == states
+    policy, data, reward_py, step, _, _ = world
+    code = cli_main(["audit", str(step), "--policy", str(policy), "--reward", f"{reward_py}:reward", "--rollouts",
+                     str(data), "--cuts", "2", "--samples", "4", "--max-rollouts", "5", "--mc-from", str(src),
+                     "--out", str(tmp_path / "x.json"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "its samples is 3, this audit's 4" in err[0]

@@ -43,12 +43,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache-dir", metavar="DIR", help="where --rollouts are prepared (default: a temporary folder)")
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--no-vllm", action="store_true", help="sample with transformers even when vLLM is installed")
+    p.add_argument("--mc-from", metavar="AUDIT.json",
+                   help="reuse the continuations of an earlier audit of the same policy, rollouts and settings (MC "
+                        "values belong to the policy): score another checkpoint without sampling again")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tqdm.auto import tqdm
-
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     out = Path(args.out) if args.out else audit.default_out(Path(args.step_dir))
@@ -57,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
                               samples=args.samples, max_new_tokens=args.max_new_tokens,
                               max_rollouts=args.max_rollouts, temperature=args.temperature, top_p=args.top_p,
                               seed=args.seed, batch=args.batch, device=args.device, cache_dir=args.cache_dir,
-                              use_vllm=False if args.no_vllm else None)
-        if setup.sampler.name != "vLLM" and not audit.vllm_available():
+                              use_vllm=False if args.no_vllm else None, mc_from=args.mc_from)
+        if not setup.rollouts:
+            raise UserError("no held-out rollout to audit: pass --rollouts with fresh rollouts of the policy")
+        if setup.reused:
+            print(f"reused the continuations of {setup.reused} state(s) from {args.mc_from}")
+        if setup.sampler is not None and setup.sampler.name != "vLLM" and not audit.vllm_available():
             print("note: vLLM is not installed: sampling with transformers generate (pip install vllm for faster "
                   "sampling on GPU)")
         regimes = {}
@@ -66,23 +71,31 @@ def main(argv: list[str] | None = None) -> int:
             regimes[ro.regime] = regimes.get(ro.regime, 0) + 1
         s = setup.sampling
         print(f"audit: {len(setup.rollouts)} held-out rollouts ({', '.join(f'{n} {r}' for r, n in regimes.items())}) "
-              f"x up to {args.cuts} cuts = {len(setup.jobs)} states, {setup.samples} continuation(s) each of at most "
-              f"{s.max_new_tokens} tokens (temperature {s.temperature:g}, top-p {s.top_p:g}) with {setup.sampler.name}")
-        if not setup.jobs:
-            raise UserError("no held-out rollout to audit: pass --rollouts with fresh rollouts of the policy")
+              f"x up to {args.cuts} cuts, {len(setup.jobs)} states to sample, {setup.samples} continuation(s) each of "
+              f"at most {s.max_new_tokens} tokens (temperature {s.temperature:g}, top-p {s.top_p:g})"
+              + (f" with {setup.sampler.name}" if setup.sampler else ""))
         t0 = time.perf_counter()
-        batches = setup.run()
-        done = next(batches)
-        first = time.perf_counter() - t0
-        left = len(setup.jobs) - done
-        print(f"estimate: the first batch of {done} states took {first:.1f} s; the other {left} need about "
-              f"{first * left / done / 60:.1f} min more")
-        with tqdm(total=len(setup.jobs), initial=done, desc="audit", unit="state") as bar:
-            for done in batches:
-                bar.update(done)
+        if setup.jobs:
+            _sample(setup)
         result = setup.result(time.perf_counter() - t0)
     write_json(result, out)
     for line in result["lines"]:
         print(line.replace("**", ""))
     print(f"wrote {out} ({result['seconds'] / 60:.1f} min of sampling)")
     return 0
+
+
+def _sample(setup) -> None:
+    """Every state's continuations, with an estimate after the first batch and a progress bar."""
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    batches = setup.run()
+    done = next(batches)
+    first = time.perf_counter() - t0
+    left = len(setup.jobs) - done
+    print(f"estimate: the first batch of {done} states took {first:.1f} s; the other {left} need about "
+          f"{first * left / done / 60:.1f} min more")
+    with tqdm(total=len(setup.jobs), initial=done, desc="audit", unit="state") as bar:
+        for done in batches:
+            bar.update(done)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import json
 import math
 import os
 import sys
@@ -229,8 +230,9 @@ class Job:
 
 
 def jobs_of(rollouts: list[Rollout]) -> list[Job]:
-    """Every (rollout, cut), longest prefix first (similar lengths share a batch: less padding)."""
-    jobs = [Job(ro, c) for ro in rollouts for c in ro.cuts]
+    """Every (rollout, cut) still to sample (none reused), longest prefix first (similar lengths
+    share a batch: less padding)."""
+    jobs = [Job(ro, c) for ro in rollouts for c in ro.cuts if not c.returns]
     return sorted(jobs, key=lambda j: -j.cut.position)
 
 
@@ -346,7 +348,8 @@ def to_json(rollouts: list[Rollout]) -> list[dict]:
     return [{"row": ro.row, "row_hash": ro.row_hash, "regime": ro.regime, "reward": ro.reward,
              "prompt_only": ro.prompt_only, "turn": list(ro.turn),
              "cuts": [{"k": c.k, "position": c.position, "budget": c.budget, "critic": c.critic, "mc": c.mc,
-                       "mc_se": c.mc_se, "samples": len(c.returns), "prompt_only": ro.prompt_only}
+                       "mc_se": c.mc_se, "samples": len(c.returns), "returns": c.returns,
+                       "prompt_only": ro.prompt_only}
                       for c in ro.cuts]} for ro in rollouts]
 
 
@@ -395,6 +398,8 @@ class AuditSetup:
     batch: int
     split: str
     settings: dict
+    reused: int = 0
+    """States whose returns came from ``--mc-from`` (not sampled again)."""
 
     def run(self) -> Iterator[int]:
         return run_jobs(self.jobs, self.sampler, self.tokenizer, self.reward_fn, self.transform, self.gamma,
@@ -403,7 +408,9 @@ class AuditSetup:
     def result(self, seconds: float, boot: int = BOOTSTRAP) -> dict:
         summary = summarize(self.rollouts, boot, self.sampling.seed)
         return {"checkpoint": str(self.step_dir.resolve()), "step": self.step, "split": self.split,
-                "settings": self.settings, "sampler": self.sampler.name, "seconds": round(seconds, 1),
+                "settings": self.settings,
+                "sampler": self.sampler.name if self.sampler else "none: every state's returns from --mc-from",
+                "reused": self.reused, "seconds": round(seconds, 1),
                 "summary": summary, "lines": summary_lines(summary), "rows": to_json(self.rollouts)}
 
 
@@ -415,14 +422,15 @@ def default_out(step_dir: Path) -> Path:
 def prepare(step_dir: str | Path, policy: str, reward: str, rollouts: list[str] | None, stack, *, cuts: int = CUTS,
             samples: int = SAMPLES, max_new_tokens: int | None = None, max_rollouts: int = MAX_ROLLOUTS,
             temperature: float | None = None, top_p: float | None = None, seed: int = 0, batch: int = 4,
-            device: str | torch.device | None = None, cache_dir: str | None = None, use_vllm: bool | None = None
-            ) -> AuditSetup:
+            device: str | torch.device | None = None, cache_dir: str | None = None, use_vllm: bool | None = None,
+            mc_from: str | None = None) -> AuditSetup:
     """Load the critic and the policy, pick the held-out rollouts and their cuts, check the reward
     function on the stored responses and fill the critic's values: everything but the sampling.
 
     ``rollouts``: rollouts of the policy (the critic's trained-on rollouts are left out, the rest
     split by whether it trained on their prompt); None: the run's own held-out sets. ``stack``:
-    an ExitStack that owns temporary folders. ``use_vllm``: None uses it when installed."""
+    an ExitStack that owns temporary folders. ``use_vllm``: None uses it when installed.
+    ``mc_from``: an earlier audit whose sampled returns are reused (``reuse_mc``)."""
     for flag, v in (("--cuts", cuts), ("--samples", samples), ("--max-rollouts", max_rollouts), ("--batch", batch)):
         if v < 1:
             raise UserError(f"{flag} {v} must be >= 1")
@@ -449,17 +457,53 @@ def prepare(step_dir: str | Path, policy: str, reward: str, rollouts: list[str] 
     critic = load_checkpoint_model(step_dir, cfg, dev, configs=configs)
     critic_values(critic, picked, dev)
     del critic
-    use_vllm = vllm_available() and dev.type == "cuda" if use_vllm is None else use_vllm
-    sampler = VLLMSampler(policy, sampling) if use_vllm else HFSampler(load_policy(policy, dev), tokenizer, sampling,
-                                                                        dev)
-    torch.manual_seed(seed)
     n = 1 if sampling.temperature == 0 else samples  # greedy: one continuation says it all
     settings = {"policy": policy, "reward": reward, "rollouts": list(rollouts) if rollouts else None, "cuts": cuts,
                 "samples": n, "max_rollouts": max_rollouts, "batch": batch, **dataclasses.asdict(sampling),
-                "gamma": cfg.targets.gamma, "reward_transform": transform.to_dict()}
+                "gamma": cfg.targets.gamma, "reward_transform": transform.to_dict(), "mc_from": mc_from}
+    reused = reuse_mc(picked, mc_from, settings) if mc_from else 0
+    jobs = jobs_of(picked)
+    torch.manual_seed(seed)
     return AuditSetup(step_dir, (ckpt.StepPaths(step_dir).read_training_info() or {}).get("total_steps"), picked,
-                      jobs_of(picked), sampler, tokenizer, reward_fn, transform, cfg.targets.gamma, sampling, n, batch,
-                      held[0].split if rollouts else ", ".join(h.split for h in held), settings)
+                      jobs, _sampler(policy, tokenizer, sampling, dev, use_vllm) if jobs else None, tokenizer,
+                      reward_fn, transform, cfg.targets.gamma, sampling, n, batch,
+                      held[0].split if rollouts else ", ".join(h.split for h in held), settings, reused)
+
+
+def _sampler(policy: str, tokenizer, sampling: Sampling, dev: torch.device, use_vllm: bool | None):
+    """vLLM on CUDA when installed (or when asked), else transformers ``generate``."""
+    if vllm_available() and dev.type == "cuda" if use_vllm is None else use_vllm:
+        return VLLMSampler(policy, sampling)
+    return HFSampler(load_policy(policy, dev), tokenizer, sampling, dev)
+
+
+SAME_MC = ("reward", "cuts", "samples", "temperature", "top_p", "top_k", "max_new_tokens", "gamma", "reward_transform")
+"""Settings two audits must share for one's Monte-Carlo returns to serve the other."""
+
+
+def reuse_mc(rollouts: list[Rollout], path: str | Path, settings: dict) -> int:
+    """Take the continuations' returns of states an earlier audit sampled (``--mc-from``): MC
+    values belong to the policy, not the critic, so another checkpoint of the same run is scored
+    on them at no sampling cost. States are matched by the rollout's token hash and the cut's
+    position; the audits must share ``SAME_MC`` (and the policy's name). Returns the states reused."""
+    try:
+        old = json.loads(Path(path).read_text())
+        rows = {r["row_hash"]: {c["position"]: c["returns"] for c in r["cuts"]} for r in old["rows"]}
+        theirs = old["settings"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--mc-from {path}: not an audit JSON with the continuations' returns ({type(e).__name__}: "
+                        f"{e}); pass a file written by `critic-pretrain audit`") from None
+    for key in (*SAME_MC, "policy"):
+        if theirs.get(key) != settings.get(key):
+            raise UserError(f"--mc-from {path}: its {key} is {theirs.get(key)!r}, this audit's {settings.get(key)!r}; "
+                            "its Monte-Carlo values answer another question: drop --mc-from or match the setting")
+    n = 0
+    for ro in rollouts:
+        for cut in ro.cuts:
+            returns = rows.get(ro.row_hash, {}).get(cut.position)
+            if returns:
+                cut.returns, n = list(returns), n + 1
+    return n
 
 
 def recorded_generation(specs: list) -> dict | None:
