@@ -23,10 +23,15 @@ STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | cksum | cut
 
 install: $(STAMP)
 
+# With the test extra, LLaMA-Factory's wheel too: tests load ROLL exports with its own value-head
+# loader. It pins transformers<=5.6 and trl<=0.24 (this project runs transformers 5.24 and TRL
+# 1.12), so it is installed without its dependencies and only that loader is used (docs/install.md).
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(if $(TORCH_SPEC),"$(TORCH_SPEC)")
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
+	$(if $(findstring test,$(EXTRAS)),$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps \
+	  "llamafactory==0.9.5")
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)

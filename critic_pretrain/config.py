@@ -35,8 +35,8 @@ class ModelConfig:
     head_std: float = 0.02
     """Std of the value head's weight init when `head_init` is `normal`."""
     head_bias: bool = True
-    """Give the value head a bias (NeMo-RL and verl expect one; OpenRLHF and TRL heads have
-    none: train with false to export to them losslessly)."""
+    """Give the value head a bias (NeMo-RL, verl and ROLL expect one; OpenRLHF, TRL and SkyRL
+    heads have none: train with false to export to them losslessly)."""
     bias_init: Literal["zero", "mean_target"] = "mean_target"
     """Init of a new head's bias: 0, or the mean value target over the training data."""
     dtype: Literal["float32", "bfloat16"] = "float32"

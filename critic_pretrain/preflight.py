@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollouts.paths import archive_folder
-from rollouts.provenance import RewardsLogged, rewards_logged
+from rollouts.provenance import RewardsLogged, collection, rewards_logged
+from rollouts.tokenizer import describe as describe_tokenizer
 from rollouts.tokenizer import differences as tokenizer_differences
 from rollouts.tokenizer import recorded as tokenizer_recorded
 
@@ -41,10 +42,23 @@ def check_rollouts_tokenizer(specs: list, model_fp: dict | None, fix: str) -> No
                             f"model's {what}); {fix}")
 
 
+def log_collections(specs: list) -> None:
+    """One line per training archive that records its collecting run (``rollouts convert`` writes
+    it to ``_rollouts.json``): framework and version, model, tokenizer, chat template, max length."""
+    for spec in specs:
+        folder = archive_folder(spec)
+        collected = collection(folder) if folder is not None else None
+        if collected is not None:
+            log.info("rollouts %s: collected by %s; tokenizer %s", spec, collected.describe(),
+                     describe_tokenizer(tokenizer_recorded(folder)))
+
+
 def archive_rewards(specs: list) -> RewardsLogged | None:
     """What the training archives say of their rewards (``rollouts convert --ppo-config`` /
     ``--rewards-raw`` / ``--rewards-scaled``); None when none says. Archives that state
-    different scales cannot be trained together: the critic would learn a mixture."""
+    different scales cannot be trained together: the critic would learn a mixture. Logs what
+    each says of its collecting run first (``log_collections``): training prints it at start-up."""
+    log_collections(specs)
     stated = {}
     for spec in specs:
         folder = archive_folder(spec)

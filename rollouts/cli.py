@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .convert import convert_generic, convert_nemo_rl
+from .convert import convert_generic, convert_nemo_rl, convert_slime, convert_verl
 from .errors import EXIT_INTERRUPTED, RolloutError, UserError
 from .sources import SOURCES
 from .writer import DEFAULT_SHARD_ROWS
@@ -119,6 +119,9 @@ examples:
   critic-pretrain rollouts convert --from nemo-rl logs/exp_001 --out rollouts/run1
   critic-pretrain rollouts convert --from nemo-rl 'logs/exp_*/train_data_step*.jsonl' --out rollouts/run1 \\
       --on-bad skip --quarantine bad.jsonl
+  critic-pretrain rollouts convert --from slime dump_details/rollout_data --out rollouts/run2 --model Qwen/Qwen3-4B
+  critic-pretrain rollouts convert --from verl ~/.verl/rollout_dump/exp_proj --out rollouts/run3 \\
+      --tokenizer /models/qwen2.5-7b
   critic-pretrain rollouts convert --from generic dump.jsonl --out rollouts/x \\
       --map input_ids=tokens --map loss_mask=mask --map reward=meta.score
   critic-pretrain rollouts convert --from generic padded.parquet --out rollouts/y \\
@@ -127,22 +130,26 @@ examples:
 
 verl's trainer.rollout_data_dir dump is decoded text with the special tokens stripped
 (batch_decode(..., skip_special_tokens=True)): token ids cannot be rebuilt from it, so it
-cannot be converted; dump the token ids (prompts, responses, attention mask, reward) instead.
+cannot be converted; --from verl reads the token-level skip.rollout cache (gen_batch.dp) instead.
+slime and verl dumps are pickles: they are read with an allow-list unpickler that runs no code
+from the file (a file naming anything else is refused).
 Row numbers in messages are 0-based; in a JSONL file row N is line N+1.
 Field-by-field mapping of each format: docs/converters.md.
 """
+GENERIC_OPTIONS = ("map", "prompt_field", "response_field", "mask_field", "pad_id")
 
 
 def add_convert_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``rollouts convert``."""
     p = sub.add_parser(
-        "convert", help="convert NeMo-RL dumps or other JSONL/parquet into schema-v1 shards",
+        "convert", help="convert NeMo-RL, slime or verl dumps, or other JSONL/parquet, into schema-v1 shards",
         description="Convert rollout dumps into schema-v1 parquet shards (streamed, bounded memory). "
                     "The output folder receives the shards only when every input was converted.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="dump files, folders (searched recursively) or globs")
     p.add_argument("--from", dest="source", choices=list(SOURCES), required=True,
-                   help="nemo-rl: train_data_step<N>.jsonl dumps; generic: JSONL/parquet with --map")
+                   help="nemo-rl: train_data_step<N>.jsonl dumps; slime: --save-debug-rollout-data <id>.pt files; "
+                        "verl: skip.rollout's gen_batch.dp cache; generic: JSONL/parquet with --map")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (must be empty, or --overwrite)")
     p.add_argument("--shard-rows", type=_positive_int, default=DEFAULT_SHARD_ROWS, metavar="N",
                    help=f"rollouts per shard (default {DEFAULT_SHARD_ROWS})")
@@ -152,22 +159,27 @@ def add_convert_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the shards of a previous conversion in --out")
     p.add_argument("--keep-extra", action="store_true",
                    help="keep source fields that map to no schema column as extra columns")
-    p.add_argument("--tokenizer", metavar="PATH",
-                   help="the tokenizer (or model folder) that produced the token ids: its fingerprint is recorded "
-                        "in OUT/_rollouts.json, and training stops if the model's tokenizer differs")
+    c = p.add_argument_group("the collecting run, recorded in OUT/_rollouts.json and printed when training starts")
+    c.add_argument("--tokenizer", metavar="PATH",
+                   help="the tokenizer (or model folder) that produced the token ids: its fingerprint and "
+                        "chat-template hash are recorded, and training stops if the model's tokenizer differs "
+                        "(slime: default <dump_details>/tokenizer when it is there)")
+    c.add_argument("--model", metavar="NAME", help="the policy that generated the rollouts (hub id or folder)")
+    c.add_argument("--framework-version", metavar="V", help="the collecting framework's version (dumps do not say)")
     r = p.add_argument_group("rewards: what the dump's rewards are (NeMo-RL logs them after its reward_scaling "
                              "and reward_shaping), recorded in OUT/_rollouts.json for training and seed check")
     how = r.add_mutually_exclusive_group()
     how.add_argument("--ppo-config", metavar="YAML",
                      help="the collecting run's NeMo-RL config (ppo: or grpo:): its reward_scaling and reward_shaping "
-                          "were applied before logging")
+                          "were applied before logging (its model and max length are recorded too)")
     how.add_argument("--rewards-raw", action="store_true",
                      help="the rewards are as the reward function returned them (no scaling, no shaping)")
     how.add_argument("--rewards-scaled", metavar="SCALE,SHIFT",
                      help="the rewards were logged as SCALE * raw + SHIFT, e.g. 2,-1 for [0,1] mapped to [-1,1]")
-    g = p.add_argument_group("nemo-rl")
-    g.add_argument("--reward-field", default="rewards", metavar="FIELD",
-                   help="reward field (default rewards; with dynamic sampling maybe filtered_rewards)")
+    r.add_argument("--reward-field", metavar="FIELD",
+                   help="nemo-rl: the reward field (default rewards; with dynamic sampling maybe filtered_rewards); "
+                        "slime: the key of a dict reward (slime's --reward-key); verl: the batch tensor or "
+                        "non_tensor_batch field (default token_level_scores, else rm_scores)")
     g = p.add_argument_group("generic")
     g.add_argument("--map", action="append", default=[], type=_mapping_arg, metavar="COLUMN=FIELD",
                    help="take schema COLUMN from source FIELD (a.b for nested objects); repeatable")
@@ -184,40 +196,16 @@ def add_convert_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     """``rollouts convert``: convert, print a one-line summary; 1 when nothing was written."""
-    common = dict(keep_extra=args.keep_extra, shard_rows=args.shard_rows, on_bad=args.on_bad,
-                  quarantine=args.quarantine, overwrite=args.overwrite, progress=_stderr)
-    rewards = _rewards_logged(args)
-    tokenizer = None
-    if args.tokenizer:
-        from .tokenizer import fingerprint_of
-        tokenizer = fingerprint_of(args.tokenizer)
-        if tokenizer is None:
-            raise RolloutError(f"--tokenizer {args.tokenizer}: no loadable tokenizer there; pass the folder with "
-                               "tokenizer.json / tokenizer_config.json of the policy that generated the rollouts")
-    if args.source == "nemo-rl":
-        if args.map or args.prompt_field or args.response_field or args.mask_field or args.pad_id is not None:
-            raise RolloutError("--map/--prompt-field/--response-field/--mask-field/--pad-id are for --from generic; "
-                               "NeMo-RL dumps are mapped already (input_lengths cuts their padding)")
-        result = convert_nemo_rl(args.paths, args.out, reward_field=args.reward_field, **common)
-    else:
-        mapping: dict[str, str] = {}
-        for column, source_field in args.map:
-            if column in mapping:
-                raise RolloutError(f"--map {column}=...: given twice; map each column once")
-            mapping[column] = source_field
-        pad_id = args.pad_id
-        if pad_id is None and tokenizer is not None and not args.mask_field:
-            pad_id = tokenizer["special_ids"].get("pad_token_id")
-            if pad_id is not None:
-                _stderr(f"stripping runs of the tokenizer's pad id {pad_id} at the padded ends (--pad-id to change)")
-        result = convert_generic(args.paths, args.out, mapping, prompt_field=args.prompt_field,
-                                 response_field=args.response_field, pad_id=pad_id, mask_field=args.mask_field,
-                                 **common)
+    settings = _ppo_settings(args)
+    rewards = _rewards_logged(args, settings)
+    tokenizer = _tokenizer_facts(args.tokenizer, "--tokenizer") if args.tokenizer else None
+    result = _convert(args, tokenizer[0] if tokenizer else None)
     print(result.summary())
     if result.rows_written:  # replaces a previous conversion's (--overwrite)
         from .provenance import write_manifest
-        write_manifest(result.out_dir, generator="rollouts.convert", **{"from": args.source}, tokenizer=tokenizer,
-                       rewards=rewards.to_dict() if rewards else None)
+        collected, fingerprint = _collection(args, result.collected, settings, tokenizer)
+        write_manifest(result.out_dir, generator="rollouts.convert", **{"from": args.source}, tokenizer=fingerprint,
+                       collected=collected.to_dict() or None, rewards=rewards.to_dict() if rewards else None)
         if rewards is None and args.source == "nemo-rl":
             _warn_scaled(result.shards)
     if result.rows_skipped or result.bad_files:
@@ -230,16 +218,84 @@ def run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rewards_logged(args: argparse.Namespace):
+def _convert(args: argparse.Namespace, fingerprint: dict | None):
+    """Run the converter ``--from`` names with the options that apply to it."""
+    common = dict(keep_extra=args.keep_extra, shard_rows=args.shard_rows, on_bad=args.on_bad,
+                  quarantine=args.quarantine, overwrite=args.overwrite, progress=_stderr)
+    if args.source != "generic":
+        given = [name for name in GENERIC_OPTIONS if getattr(args, name) not in (None, [])]
+        if given:
+            raise RolloutError(f"--{given[0].replace('_', '-')} is for --from generic; {args.source} dumps are mapped "
+                               "already (docs/converters.md)")
+    if args.source == "nemo-rl":
+        return convert_nemo_rl(args.paths, args.out, reward_field=args.reward_field or "rewards", **common)
+    if args.source == "slime":
+        return convert_slime(args.paths, args.out, reward_key=args.reward_field, **common)
+    if args.source == "verl":
+        return convert_verl(args.paths, args.out, reward_field=args.reward_field, **common)
+    if args.reward_field:
+        raise RolloutError("--reward-field is for nemo-rl, slime and verl dumps; map the reward with "
+                           "--map reward=<field>")
+    mapping: dict[str, str] = {}
+    for column, source_field in args.map:
+        if column in mapping:
+            raise RolloutError(f"--map {column}=...: given twice; map each column once")
+        mapping[column] = source_field
+    pad_id = args.pad_id
+    if pad_id is None and fingerprint is not None and not args.mask_field:
+        pad_id = fingerprint["special_ids"].get("pad_token_id")
+        if pad_id is not None:
+            _stderr(f"stripping runs of the tokenizer's pad id {pad_id} at the padded ends (--pad-id to change)")
+    return convert_generic(args.paths, args.out, mapping, prompt_field=args.prompt_field,
+                           response_field=args.response_field, pad_id=pad_id, mask_field=args.mask_field, **common)
+
+
+def _tokenizer_facts(path: str, given_by: str) -> tuple[dict, str | None]:
+    """(fingerprint, chat-template hash) of the tokenizer in ``path``; one line when there is none."""
+    from .tokenizer import chat_template_sha256, fingerprint, load
+    tokenizer = load(path)
+    if tokenizer is None:
+        raise RolloutError(f"{given_by} {path}: no loadable tokenizer there; pass the folder with "
+                           "tokenizer.json / tokenizer_config.json of the policy that generated the rollouts")
+    return fingerprint(tokenizer), chat_template_sha256(tokenizer)
+
+
+def _collection(args: argparse.Namespace, found: dict, settings, tokenizer: tuple | None):
+    """(``Collection``, tokenizer fingerprint): what the dump said, what the options add."""
+    from .provenance import Collection
+    collected = Collection.from_dict(found)
+    if tokenizer is None and collected.tokenizer_path:  # slime saves its tokenizer beside the dump
+        try:
+            tokenizer = _tokenizer_facts(collected.tokenizer_path, "the dump's tokenizer")
+            _stderr(f"tokenizer: {collected.tokenizer_path} (saved by the collecting run) is recorded; "
+                    "--tokenizer to name another")
+        except RolloutError as e:
+            _stderr(f"warning: {e}")
+            collected = collected.merged(tokenizer_path=None)
+    return collected.merged(
+        version=args.framework_version, model=args.model or (settings.model if settings else None),
+        tokenizer_path=args.tokenizer, chat_template_sha256=tokenizer[1] if tokenizer else None,
+        max_length=settings.max_length if settings and collected.max_length is None else None,
+    ), (tokenizer[0] if tokenizer else None)
+
+
+def _ppo_settings(args: argparse.Namespace):
+    """The collecting run's NeMo-RL config (``--ppo-config``), or None."""
+    if not args.ppo_config:
+        return None
+    from .ppo_config import read_ppo_config
+    settings = read_ppo_config(args.ppo_config, grpo=True)
+    if settings.framework != "nemo-rl":
+        raise RolloutError(f"--ppo-config {args.ppo_config}: a {settings.framework} config; only NeMo-RL applies "
+                           "its reward settings before logging: state what the dump holds with --rewards-raw or "
+                           "--rewards-scaled SCALE,SHIFT")
+    return settings
+
+
+def _rewards_logged(args: argparse.Namespace, settings):
     """What ``--ppo-config`` / ``--rewards-raw`` / ``--rewards-scaled`` say of the dump's rewards, or None."""
     from .provenance import RewardsLogged
-    if args.ppo_config:
-        from .ppo_config import read_ppo_config
-        settings = read_ppo_config(args.ppo_config, grpo=True)
-        if settings.framework != "nemo-rl":
-            raise RolloutError(f"--ppo-config {args.ppo_config}: a {settings.framework} config; only NeMo-RL applies "
-                               "its reward settings before logging: state what the dump holds with --rewards-raw or "
-                               "--rewards-scaled SCALE,SHIFT")
+    if settings is not None:
         return RewardsLogged.from_ppo_settings(settings, f"--ppo-config {args.ppo_config}")
     if args.rewards_raw:
         return RewardsLogged(stated_by="--rewards-raw")

@@ -1,15 +1,20 @@
 """Convert other rollout dumps into schema-v1 parquet shards: ``critic-pretrain rollouts convert``.
 
-Two sources (see docs/converters.md for the field-by-field mapping and where it was checked):
+Four sources (see docs/converters.md for the field-by-field mapping and where it was checked):
 
 - ``nemo-rl``: NeMo-RL's training-batch dumps ``train_data_step<N>.jsonl``, one JSON object
   per rollout with right-padded per-token lists;
+- ``slime``: slime's ``--save-debug-rollout-data`` files, ``torch.save`` of one rollout step's
+  ``Sample.to_dict()`` list each;
+- ``verl``: verl's ``skip.rollout`` cache, pickled ``DataProto`` batches (``gen_batch.dp``);
 - ``generic``: JSONL or parquet rows mapped onto schema columns with ``--map COLUMN=FIELD``,
   or built from a prompt field and a response field.
 
-Both stream: a file is read line by line (JSONL) or in record batches (parquet), rows are
-converted, validated with the reader's own checks (``validate.check_batch``) and written in
-chunks (``CHUNK_ROWS`` / ``CHUNK_TOKENS``), so memory does not grow with the size of a dump.
+The pickled formats (slime, verl) are read with an allow-list unpickler that runs no code from
+the file (``rollouts.safe_pickle``), one file (one rollout step) at a time. JSONL is read line by
+line, parquet in record batches. Rows are converted, validated with the reader's own checks
+(``validate.check_batch``) and written in chunks (``CHUNK_ROWS`` / ``CHUNK_TOKENS``), so memory
+does not grow with the size of a dump.
 
 Bad rows follow the reader's ``on_bad`` rules: ``fail`` raises ``RolloutError`` (one line:
 file, row, column, what to do) at the first one; ``skip`` leaves the row out, counts it and
@@ -23,7 +28,6 @@ staging folder is removed and the output folder is left as it was.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 import shutil
@@ -41,7 +45,7 @@ from . import schema as S
 from .errors import Problem, Quarantine, RolloutError
 from .fileio import publish_files
 from .provenance import ROLLOUTS_MANIFEST
-from .sources import BadFile, BadRow, GenericSource, NemoRLSource, Source, show
+from .sources import BadFile, BadRow, GenericSource, NemoRLSource, SlimeSource, Source, VerlSource, prompt_hash, show
 from .validate import check_batch
 from .writer import DEFAULT_SHARD_ROWS, ShardWriter, table_from_rows
 
@@ -80,6 +84,8 @@ class ConvertResult:
     problems: list[Problem] = field(default_factory=list)
     """The first ``MAX_PROBLEMS_KEPT`` problems."""
     quarantine: Path | None = None
+    collected: dict = field(default_factory=dict)
+    """What the dump said of its collecting run (framework, max length; ``provenance.Collection``)."""
 
     def summary(self) -> str:
         """One line for humans."""
@@ -309,8 +315,7 @@ def prompt_group_ids(input_ids: pa.ChunkedArray | pa.Array, loss_mask: pa.Chunke
     for i in range(len(ids)):
         row_policy = policy[mask_start[i]:mask_start[i + 1]]
         prompt_len = int(row_policy.argmax()) if row_policy.any() else int(mask_len[i])
-        prompt = id_flat[id_start[i]:id_start[i] + min(prompt_len, int(id_len[i]))]
-        out.append(hashlib.blake2b(prompt.tobytes(), digest_size=8).hexdigest())
+        out.append(prompt_hash(id_flat[id_start[i]:id_start[i] + min(prompt_len, int(id_len[i]))]))
     return pa.array(out, pa.string())
 
 
@@ -376,10 +381,11 @@ def _run(source: Source, out_dir: str | os.PathLike, *, shard_rows: int, on_bad:
     finally:
         if sink is not None:
             sink.close()
+    collected = getattr(source, "collected", None)
     return ConvertResult(out_dir=out, files=len(source.files), bad_files=sink.bad_files,
                          rows_read=sink.rows_read, rows_written=writer.rows_written,
                          rows_skipped=sink.rows_skipped, shards=shards, problem_counts=sink.counts,
-                         problems=sink.problems, quarantine=q)
+                         problems=sink.problems, quarantine=q, collected=collected() if collected else {})
 
 
 # --------------------------------------------------------------------------------------
@@ -403,6 +409,38 @@ def convert_nemo_rl(paths: str | os.PathLike | Iterable[str | os.PathLike], out_
     source = NemoRLSource(paths, reward_field=reward_field, keep_extra=keep_extra)
     if progress is not None and source.ignored:
         progress(f"ignored {len(source.ignored)} other .jsonl file(s), e.g. {source.ignored[0]}")
+    return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
+                overwrite=overwrite, progress=progress)
+
+
+def convert_slime(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir: str | os.PathLike, *,
+                  reward_key: str | None = None, keep_extra: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS,
+                  on_bad: OnBad = "fail", quarantine: str | os.PathLike | None = None, overwrite: bool = False,
+                  progress: ProgressCallback | None = None) -> ConvertResult:
+    """Convert slime's ``--save-debug-rollout-data`` files (``<rollout_id>.pt``; files, folders,
+    globs) into shards. ``reward_key``: the key of a dict reward (slime's ``--reward-key``).
+
+    >>> convert_slime("dump_details/rollout_data", "rollouts/run1")
+    """
+    source = SlimeSource(paths, reward_key=reward_key, keep_extra=keep_extra)
+    if progress is not None and source.ignored:
+        progress(f"ignored {len(source.ignored)} other .pt file(s), e.g. {source.ignored[0]}")
+    return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
+                overwrite=overwrite, progress=progress)
+
+
+def convert_verl(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir: str | os.PathLike, *,
+                 reward_field: str | None = None, keep_extra: bool = False, shard_rows: int = DEFAULT_SHARD_ROWS,
+                 on_bad: OnBad = "fail", quarantine: str | os.PathLike | None = None, overwrite: bool = False,
+                 progress: ProgressCallback | None = None) -> ConvertResult:
+    """Convert verl's ``skip.rollout`` cache (``gen_batch.dp`` files; files, folders, globs) into
+    shards. ``reward_field``: default ``token_level_scores``, else ``rm_scores``.
+
+    >>> convert_verl("~/.verl/rollout_dump/exp_proj", "rollouts/run1")
+    """
+    source = VerlSource(paths, reward_field=reward_field, keep_extra=keep_extra)
+    if progress is not None and source.ignored:
+        progress(f"ignored {len(source.ignored)} other .dp file(s), e.g. {source.ignored[0]}")
     return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
                 overwrite=overwrite, progress=progress)
 

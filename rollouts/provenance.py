@@ -1,11 +1,13 @@
 """What a rollout archive knows of its collecting run: ``_rollouts.json`` beside the shards.
 
-``rollouts convert`` writes it; training reads it before step 1 and copies what it says into
-every checkpoint's manifest, where ``seed check`` reads it. Today it holds the tokenizer's
-fingerprint (``rollouts.tokenizer``) and how the logged rewards relate to the reward
-function's (``RewardsLogged``): NeMo-RL logs ``rewards`` *after* its ``reward_scaling`` and
-``reward_shaping`` (grpo.py and the PPO loop call ``scale_rewards`` before the training-data
-log), so a critic trained on such a dump has seen scaled rewards already.
+``rollouts convert`` writes it; training reads it before step 1 (and prints what the collecting
+run was), and copies what it says into every checkpoint's manifest, where ``seed check`` reads
+it. It holds the tokenizer's fingerprint (``rollouts.tokenizer``), what the archive knows of the
+run that collected it (``Collection``: framework and version, model, chat-template hash, max
+length), and how the logged rewards relate to the reward function's (``RewardsLogged``):
+NeMo-RL logs ``rewards`` *after* its ``reward_scaling`` and ``reward_shaping`` (grpo.py and the
+PPO loop call ``scale_rewards`` before the training-data log), so a critic trained on such a dump
+has seen scaled rewards already.
 """
 
 from __future__ import annotations
@@ -97,6 +99,52 @@ class RewardsLogged:
         if scale == 0:
             raise UserError(f"{stated_by} {text}: SCALE must not be 0")
         return cls(scale, shift, stated_by=f"{stated_by} {text}")
+
+
+@dataclass(frozen=True)
+class Collection:
+    """What an archive knows of the run that collected it (``_rollouts.json``, key ``collected``;
+    the tokenizer's fingerprint has its own key, ``tokenizer``). None: not known."""
+
+    framework: str | None = None
+    """``nemo-rl``, ``slime``, ``verl`` (a generic conversion does not know)."""
+    version: str | None = None
+    """The framework's version, as the user stated it (no dump records it)."""
+    model: str | None = None
+    """The policy that generated the rollouts: a hub id or a folder."""
+    tokenizer_path: str | None = None
+    """The folder whose tokenizer was fingerprinted (``--tokenizer``, or slime's
+    ``<dump_details>/tokenizer`` found beside the dump)."""
+    chat_template_sha256: str | None = None
+    """First 16 hex digits of SHA-256 over the tokenizer's chat template (``rollouts.tokenizer``)."""
+    max_length: int | None = None
+    """The longest prompt + response the collecting run allowed (verl: its batch width; NeMo-RL:
+    ``policy.max_total_sequence_length`` from ``--ppo-config``)."""
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Collection":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    def merged(self, **facts) -> "Collection":
+        """These facts where given (not None), ours elsewhere."""
+        return Collection(**{**asdict(self), **{k: v for k, v in facts.items() if v is not None}})
+
+    def describe(self) -> str:
+        """``slime (version unknown), model Qwen/..., chat template 1a2b..., max length 4096``."""
+        return (f"{self.framework or 'an unknown framework'}"
+                + (f" {self.version}" if self.version else " (version unknown)")
+                + f", model {self.model or 'unknown'}"
+                + f", chat template {self.chat_template_sha256 or 'unknown'}"
+                + f", max length {self.max_length if self.max_length is not None else 'unknown'}")
+
+
+def collection(folder: str | Path | None) -> Collection | None:
+    """What the archive in ``folder`` says of its collecting run; None when it says nothing."""
+    d = read_manifest(folder).get("collected") if folder is not None else None
+    return Collection.from_dict(d) if isinstance(d, dict) else None
 
 
 def write_manifest(out_dir: str | Path, **facts) -> None:

@@ -27,17 +27,34 @@ def fingerprint(tokenizer) -> dict:
             "vocab_sha256": digest, "class": type(tokenizer).__name__}
 
 
-def fingerprint_of(folder: str | Path) -> dict | None:
-    """The fingerprint of the tokenizer saved in ``folder`` (no remote code), or None without one."""
+def chat_template_sha256(tokenizer) -> str | None:
+    """First 16 hex digits of SHA-256 over the tokenizer's chat template (a dict of named
+    templates as sorted JSON), or None when it has none. The same ids under another template
+    are other conversations."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load(folder: str | Path):
+    """The tokenizer saved in ``folder`` (no remote code), or None without a loadable one."""
     p = Path(folder)
     if not any((p / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
                                            "tokenizer.model")):
         return None
     from transformers import AutoTokenizer
     try:
-        return fingerprint(AutoTokenizer.from_pretrained(str(p), trust_remote_code=False))
+        return AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def fingerprint_of(folder: str | Path) -> dict | None:
+    """The fingerprint of the tokenizer saved in ``folder`` (no remote code), or None without one."""
+    tokenizer = load(folder)
+    return fingerprint(tokenizer) if tokenizer is not None else None
 
 
 def differences(seed: dict, ppo: dict) -> tuple[list[str], list[str]]:

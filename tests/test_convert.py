@@ -176,7 +176,8 @@ def test_nemo_rl_cli_summary(tmp_path, capsys):
     assert "converted 3 file(s): 6 rows written to 2 shard(s)" in stdout and "0 rows skipped" in stdout
     assert f"critic-pretrain rollouts check {out}" in stdout
     assert sorted(p.name for p in out.iterdir()) == ["_rollouts.json", "part-00000.parquet", "part-00001.parquet"]
-    assert json.loads((out / "_rollouts.json").read_text()) == {"generator": "rollouts.convert", "from": "nemo-rl"}
+    assert json.loads((out / "_rollouts.json").read_text()) == {"generator": "rollouts.convert", "from": "nemo-rl",
+                                                                "collected": {"framework": "nemo-rl"}}
 
 
 # --- generic -----------------------------------------------------------------------------------

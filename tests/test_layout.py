@@ -17,7 +17,7 @@ from conftest import ROOT
 LAYERS: list[tuple[str, ...]] = [
     # the data layer: torch-free
     ("rollouts.errors",),
-    ("rollouts.fileio", "rollouts.schema"),
+    ("rollouts.fileio", "rollouts.schema", "rollouts.safe_pickle"),
     ("rollouts.paths", "rollouts.provenance", "rollouts.ppo_config"),
     ("rollouts.tokenizer", "rollouts.writer", "rollouts.validate"),
     ("rollouts.reader", "rollouts.sources"),

@@ -1,5 +1,5 @@
-"""``critic-pretrain export``: a checkpoint for NeMo-RL, verl (hf), OpenRLHF or TRL (argparse
-and printing over ``critic_pretrain.interop.export``)."""
+"""``critic-pretrain export``: a checkpoint for NeMo-RL, verl (hf), OpenRLHF, TRL, ROLL or SkyRL
+(argparse and printing over ``critic_pretrain.interop.export``)."""
 
 from __future__ import annotations
 

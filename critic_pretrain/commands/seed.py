@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Check that a critic seed loads correctly into the PPO framework (keys, "
                                        "shapes, head, finite weights, optimizer, training info) and print the config "
                                        "lines to paste; optionally score it on the current policy's rollouts.")
-    check.add_argument("path", help="the step_<n> folder (or, with --for verl|openrlhf|trl, an exported folder)")
+    check.add_argument("path", help="the step_<n> folder (or, with --for another target, its exported folder)")
     check.add_argument("--for", dest="target", choices=TARGETS, default="nemo-rl",
                        help="the framework that will load it (default: nemo-rl)")
     check.add_argument("--model-config", help="the PPO model's folder or config.json: its hidden size, vocabulary "

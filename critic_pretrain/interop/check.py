@@ -21,8 +21,8 @@ the frameworks do not:
 - our manifest: the reward transform, gamma and lambda the critic was trained with.
 
 ``check_seed`` returns a :class:`SeedReport` (usable from notebooks); ``main`` is the CLI.
-Exported Hugging Face folders (``critic-pretrain export --format hf|openrlhf|trl``) are
-checked too when ``--for verl|openrlhf|trl`` is given.
+Exported Hugging Face folders (``critic-pretrain export --format hf|openrlhf|trl|roll|skyrl``)
+are checked too when ``--for verl|openrlhf|trl|roll|skyrl`` is given.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from rollouts.tokenizer import differences, fingerprint_of
 from .. import checkpoint as ckpt
 from .. import preflight
 from ..errors import UserError, closest, first_line
-from .frameworks import BIASED_TARGETS, HEAD, TARGETS
+from .frameworks import BIASED_TARGETS, FRAMEWORKS, HEAD, TARGETS
 from .seed_report import SeedReport
 from .seed_weights import (
     add_weight_facts,
@@ -394,7 +394,7 @@ def _check_metrics(report: SeedReport, info: dict, path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# An exported Hugging Face folder (verl, OpenRLHF, TRL)
+# An exported Hugging Face folder (verl, OpenRLHF, TRL, ROLL, SkyRL)
 
 def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path, finite: bool) -> None:
     from transformers import AutoConfig
@@ -416,13 +416,18 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
         report.warn("config.json has no classifier_dropout: 0.0 (verl sets it itself; other readers put dropout 0.1 "
                     "in front of the head)")
     layout, head = {"verl": ("token", HEAD), "trl": ("sequence", HEAD),
-                    "openrlhf": ("openrlhf", cfg_json.get("value_head_prefix", HEAD))}[report.target]
-    if report.target == "openrlhf":
+                    "openrlhf": ("backbone", cfg_json.get("value_head_prefix", HEAD)),
+                    "roll": ("backbone", FRAMEWORKS["roll"].head),
+                    "skyrl": ("backbone", FRAMEWORKS["skyrl"].head)}[report.target]
+    if layout == "backbone":
         report.facts["value_head_prefix"] = head
+    if report.target == "openrlhf":
         if "value_head_prefix" not in cfg_json:
             report.warn("config.json has no value_head_prefix: OpenRLHF then uses its --value_head_prefix flag "
                         "(default 'score' in recent versions, 'value_head' in old ones); re-export to pin it")
         report.facts["normalization"] = {"mean": cfg_json.get("mean"), "std": cfg_json.get("std")}
+    if report.target == "roll":
+        _check_roll_folder(report, root, cfg_json)
     files = sorted(root.glob("*.safetensors"))
     shapes = read_shapes(report, files)
     if shapes is None:
@@ -443,6 +448,17 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
     if finite:
         check_finite(report, files, root)
     report.facts["tokenizer"] = any((root / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def _check_roll_folder(report: SeedReport, root: Path, cfg_json: dict) -> None:
+    """ROLL's trl critic: LLaMA-Factory's sidecar holds the head, TRL's ValueHead reads the dropout."""
+    if not (root / "value_head.safetensors").is_file():
+        report.fail("head", f"no value_head.safetensors in {root}: ROLL's trl critic reads the value head from that "
+                            "file (load_valuehead_params) and keeps a random head without it; re-export with "
+                            "critic-pretrain export --format roll")
+    if cfg_json.get("summary_dropout_prob") not in (0, 0.0):
+        report.warn("config.json has no summary_dropout_prob: 0.0, so TRL's ValueHead puts dropout 0.1 in front of "
+                    "the head while ROLL trains the critic; re-export with critic-pretrain export --format roll")
 
 
 # ---------------------------------------------------------------------------------------------

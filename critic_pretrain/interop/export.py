@@ -1,9 +1,11 @@
-"""Export a critic checkpoint for NeMo-RL, verl, OpenRLHF or TRL: ``critic-pretrain export``.
+"""Export a critic checkpoint for NeMo-RL, verl, OpenRLHF, TRL, ROLL or SkyRL: ``critic-pretrain export``.
 
     critic-pretrain export runs/x/step_370 --format nemo-rl --out seeds/x [--drop-optimizer]
     critic-pretrain export runs/x/step_370 --format hf --out seeds/x-hf          # verl
     critic-pretrain export runs/x/step_370 --format openrlhf --out seeds/x-orlhf
     critic-pretrain export runs/x/step_370 --format trl --out seeds/x-trl
+    critic-pretrain export runs/x/step_370 --format roll --out seeds/x-roll
+    critic-pretrain export runs/x/step_370 --format skyrl --out seeds/x-skyrl
 
 Formats (docs/export.md has what each consumer's source does with them):
 
@@ -17,6 +19,10 @@ Formats (docs/export.md has what each consumer's source does with them):
 - ``openrlhf``: AutoModel backbone + bias-free ``score`` head, ``value_head_prefix`` in
   config.json; a head bias is folded into config.json as ``mean = -bias, std = 1``.
 - ``trl``: an ``AutoModelForSequenceClassification`` folder (bias-free ``score``).
+- ``roll``: a ``*ForCausalLM`` backbone folder + LLaMA-Factory's ``value_head.safetensors``
+  sidecar (``v_head.summary.weight``/``bias``), what ROLL's ``trl`` critic loads.
+- ``skyrl``: AutoModel backbone + bias-free ``value_head`` (SkyRL's default
+  ``value_head_prefix``).
 
 The value alignment is the same in every framework (value[t] = head(hidden[t-1])), so
 export never changes weights other than the head's bias handling and an optional cast.
@@ -30,8 +36,6 @@ import math
 import os
 import shutil
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,6 +46,20 @@ from .. import checkpoint as ckpt
 from ..checkpoint.safe_dcp import read_dcp, scheduler_class, single_process_ok
 from ..errors import UserError
 from .check import SeedReport, check_seed
+from .export_files import (
+    HF_WEIGHTS,
+    ExportResult,
+    add_tokenizer,
+    dtype_name,
+    load_state,
+    place,
+    prepare_state,
+    rel,
+    reprefix,
+    save_state,
+    write_export_manifest,
+)
+from .export_heads import export_roll, export_skyrl
 from .frameworks import (
     CONSTANT_TOTAL_ITERS,
     FORMAT_ALIASES,
@@ -55,35 +73,6 @@ from .frameworks import (
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 SCHEDULERS = ("lambda", "sequential")
-HF_WEIGHTS = "model.safetensors"
-
-
-@dataclass
-class ExportResult:
-    """What an export wrote and how the value head's bias was handled."""
-
-    format: str
-    source: Path
-    out: Path                      # the folder to point the framework at
-    head_bias: float | None        # the source head's bias (None: trained without one)
-    bias_handling: str             # one sentence, also printed
-    notes: list[str] = field(default_factory=list)
-    config_lines: list[str] = field(default_factory=list)
-    files: dict[str, str] = field(default_factory=dict)  # relative path -> "linked" | "copied" | "written"
-    normalization: dict | None = None  # openrlhf: the mean/std written into config.json
-
-    @property
-    def config_text(self) -> str:
-        return "\n".join(self.config_lines)
-
-    def summary(self) -> str:
-        written = sum(v == "written" for v in self.files.values())
-        linked = sum(v == "linked" for v in self.files.values())
-        copied = sum(v == "copied" for v in self.files.values())
-        lines = [f"exported {self.source} -> {self.out} (format {self.format}: {written} written, "
-                 f"{linked} hard-linked, {copied} copied)", f"  head bias: {self.bias_handling}"]
-        lines += [f"  {n}" for n in self.notes]
-        return "\n".join(lines + ["", *self.config_lines])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,6 +111,10 @@ def export(step_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, dty
         if fmt == "nemo-rl":
             result = _export_nemo_rl(report, tmp, cast=cast, drop_optimizer=drop_optimizer, tokenizer=tokenizer,
                                      scheduler=scheduler, lr=lr, total_iters=total_iters, link=link)
+        elif fmt == "roll":
+            result = export_roll(report, tmp, cast=cast, tokenizer=tokenizer)
+        elif fmt == "skyrl":
+            result = export_skyrl(report, tmp, cast=cast, tokenizer=tokenizer)
         else:
             result = _export_hf(report, fmt, tmp, cast=cast, tokenizer=tokenizer)
         _publish(tmp, final)
@@ -225,28 +218,28 @@ def _export_nemo_rl(report: SeedReport, tmp: Path, *, cast, drop_optimizer: bool
     dst.weights_dir.mkdir(parents=True)
     if cast is None and not add_bias:
         for f in files:
-            result.files[_rel(dst.weights_dir / f.name, tmp)] = _place(f, dst.weights_dir / f.name, link)
+            result.files[rel(dst.weights_dir / f.name, tmp)] = place(f, dst.weights_dir / f.name, link)
     else:
-        state = _prepare_state(_load_state(files), cast, add_bias=add_bias)
-        _save(state, dst.weights)
-        result.files[_rel(dst.weights, tmp)] = "written"
+        state = prepare_state(load_state(files), cast, add_bias=add_bias)
+        save_state(state, dst.weights)
+        result.files[rel(dst.weights, tmp)] = "written"
     if cast is None and not add_bias:
-        result.files[_rel(dst.hf_config, tmp)] = _place(src.hf_config, dst.hf_config, link)
+        result.files[rel(dst.hf_config, tmp)] = place(src.hf_config, dst.hf_config, link)
     else:
         _write_hf_metadata(src.hf_config, dst.hf_config, cast, add_bias)
-        result.files[_rel(dst.hf_config, tmp)] = "written"
+        result.files[rel(dst.hf_config, tmp)] = "written"
     for path, target in ((src.training_info, dst.training_info), (src.config_yaml, dst.config_yaml)):
         if path.is_file():
-            result.files[_rel(target, tmp)] = _place(path, target, link)
-    _add_tokenizer(src.tokenizer_dir, tokenizer, dst.tokenizer_dir, result, link)
+            result.files[rel(target, tmp)] = place(path, target, link)
+    add_tokenizer(src.tokenizer_dir, tokenizer, dst.tokenizer_dir, result, link)
     optimizer = _export_optimizer(src, dst, result, drop_optimizer=drop_optimizer, scheduler=scheduler, lr=lr,
                                   total_iters=total_iters, add_bias=add_bias, link=link)
     result.notes.append(optimizer)
     if cast is not None:
-        result.notes.append(f"weights cast to {_dtype_name(cast)} (NeMo-RL casts to value.precision on load anyway)")
+        result.notes.append(f"weights cast to {dtype_name(cast)} (NeMo-RL casts to value.precision on load anyway)")
     result.notes.append("resume/ (our data position and RNG) is not exported: the seed is for a PPO run, not for "
                         "resuming this training")
-    _write_manifest(src.root, tmp, "nemo-rl", dtype=cast, add_bias=add_bias, files_list=True, optimizer=optimizer)
+    write_export_manifest(src.root, tmp, "nemo-rl", dtype=cast, add_bias=add_bias, files_list=True, optimizer=optimizer)
     return result
 
 
@@ -260,9 +253,9 @@ def _export_optimizer(src: ckpt.StepPaths, dst: ckpt.StepPaths, result: ExportRe
                 "an older version builds a fresh one too)")
     if scheduler == "lambda" and lr is None and not add_bias:
         for f in sorted(src.optim_dir.iterdir()):
-            result.files[_rel(dst.optim_dir / f.name, dst.root)] = _place(f, dst.optim_dir / f.name, link)
+            result.files[rel(dst.optim_dir / f.name, dst.root)] = place(f, dst.optim_dir / f.name, link)
         if src.scheduler_json.is_file():
-            result.files[_rel(dst.scheduler_json, dst.root)] = _place(src.scheduler_json, dst.scheduler_json, link)
+            result.files[rel(dst.scheduler_json, dst.root)] = place(src.scheduler_json, dst.scheduler_json, link)
         return ("optimizer: kept as trained (scheduler LambdaLR: matches an older NeMo-RL run without "
                 "value.scheduler; use --scheduler sequential when value.scheduler is set)")
     state = read_dcp(src.optim_dir, tensors=True)
@@ -285,13 +278,13 @@ def _export_optimizer(src: ckpt.StepPaths, dst: ckpt.StepPaths, result: ExportRe
     with single_process_ok():
         dcp.save({"optim": optim, "sched": sched}, checkpoint_id=str(dst.optim_dir), no_dist=True)
     for f in sorted(dst.optim_dir.iterdir()):
-        result.files[_rel(f, dst.root)] = "written"
+        result.files[rel(f, dst.root)] = "written"
     meta = json.loads(src.scheduler_json.read_text()) if src.scheduler_json.is_file() else {}
     meta.update({"scheduler_class": scheduler_class(sched), "current_lr": new_lr, "exported_lr": new_lr})
     if scheduler == "sequential":
         meta.update({"schedule": "constant", "lr_decay_style": "constant", "constant_total_iters": total_iters})
     fileio.write_json(dst.scheduler_json, meta)
-    result.files[_rel(dst.scheduler_json, dst.root)] = "written"
+    result.files[rel(dst.scheduler_json, dst.root)] = "written"
     what = []
     if scheduler == "sequential":
         what.append(f"scheduler rewritten as SequentialLR([ConstantLR(factor=1.0, total_iters={total_iters})], "
@@ -361,7 +354,7 @@ def _add_bias_moments(optim: dict) -> None:
 def _write_hf_metadata(src: Path, dst: Path, cast, add_bias: bool) -> None:
     config = json.loads(src.read_text())
     if cast is not None:
-        config["dtype"] = _dtype_name(cast)
+        config["dtype"] = dtype_name(cast)
         config.pop("torch_dtype", None)
     if add_bias:
         config["token_classification_bias"] = True
@@ -386,19 +379,19 @@ def _export_hf(report: SeedReport, fmt: str, tmp: Path, *, cast, tokenizer: str 
     bias = report.facts["head"]["bias"]
     target_std = report.facts.get("target_std")
     result = ExportResult(fmt, src.root, tmp, bias, _bias_note(fmt, bias, target_std))
-    state = _load_state(sorted(src.weights_dir.glob("*.safetensors")))
+    state = load_state(sorted(src.weights_dir.glob("*.safetensors")))
     if fmt == "hf":
         names = MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES
-        state = _prepare_state(state, cast, add_bias=bias is None)
+        state = prepare_state(state, cast, add_bias=bias is None)
         config.token_classification_bias = True
     else:
         names = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
-        state = _prepare_state(state, cast, add_bias=False)
+        state = prepare_state(state, cast, add_bias=False)
         state.pop(f"{HEAD}.bias", None)
         if fmt == "openrlhf":
             # OpenRLHF loads <AutoModel base_model_prefix>.* + <value_head_prefix>.weight
             prefix = AutoModel._model_mapping[type(config)].base_model_prefix
-            state = {_reprefix(k, config, prefix): v for k, v in state.items()}
+            state = {reprefix(k, config, prefix): v for k, v in state.items()}
             config.value_head_prefix = HEAD
             if bias:  # (values - mean) / std with mean = -bias, std = 1 adds the bias back exactly
                 config.mean, config.std = -bias, 1.0
@@ -412,25 +405,15 @@ def _export_hf(report: SeedReport, fmt: str, tmp: Path, *, cast, tokenizer: str 
     if cast is not None:
         config.dtype = cast
     write_value_config(config, tmp / "config.json", architecture=arch)
-    _save(state, tmp / HF_WEIGHTS)
+    save_state(state, tmp / HF_WEIGHTS)
     result.files = {"config.json": "written", HF_WEIGHTS: "written"}
-    _add_tokenizer(src.tokenizer_dir, tokenizer, tmp, result, link=False)
-    _write_manifest(src.root, tmp, fmt, dtype=cast, add_bias=fmt == "hf" and bias is None, files_list=False,
+    add_tokenizer(src.tokenizer_dir, tokenizer, tmp, result, link=False)
+    write_export_manifest(src.root, tmp, fmt, dtype=cast, add_bias=fmt == "hf" and bias is None, files_list=False,
                     optimizer="not exported (Hugging Face folders carry weights only)")
     result.files[ckpt.MANIFEST] = "written"
     if cast is not None:
-        result.notes.append(f"weights cast to {_dtype_name(cast)}")
+        result.notes.append(f"weights cast to {dtype_name(cast)}")
     return result
-
-
-def _reprefix(key: str, config, prefix: str) -> str:
-    """Token-classification backbone prefix -> the AutoModel's (the same for most models)."""
-    from transformers import AutoModelForTokenClassification
-
-    src_prefix = AutoModelForTokenClassification._model_mapping[type(config)].base_model_prefix
-    if key.startswith(f"{src_prefix}.") and src_prefix != prefix:
-        return f"{prefix}.{key[len(src_prefix) + 1:]}"
-    return key
 
 
 def _bias_note(fmt: str, bias: float | None, target_std: float | None) -> str:
@@ -457,87 +440,6 @@ def _bias_note(fmt: str, bias: float | None, target_std: float | None) -> str:
     return (f"score.bias = {size}: TRL's value head (AutoModelForSequenceClassification.score) has no bias, so it is "
             f"dropped and every TRL value is {abs(bias):.4g} {'lower' if bias > 0 else 'higher'} than ours; restore it "
             f"exactly with the snippet below (kept in config.json as critic_pretrain_head_bias), or {lossless}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Files
-
-def _load_state(files: list[Path]) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
-
-
-def _prepare_state(state: dict[str, torch.Tensor], cast, *, add_bias: bool) -> dict[str, torch.Tensor]:
-    if cast is not None:
-        state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
-    if add_bias and f"{HEAD}.bias" not in state:
-        state[f"{HEAD}.bias"] = torch.zeros(1, dtype=state[f"{HEAD}.weight"].dtype)
-    return state
-
-
-def _save(state: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(path), metadata={"format": "pt"})
-
-
-def _place(src: Path, dst: Path, link: bool) -> str:
-    """Hard-link (the checkpoint's files are never modified in place) or copy."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if link:
-        try:
-            os.link(src, dst)
-            return "linked"
-        except OSError:  # another filesystem, or links not supported
-            pass
-    shutil.copy2(src, dst)
-    return "copied"
-
-
-def _add_tokenizer(src_dir: Path, spec: str | None, dst_dir: Path, result: ExportResult, link: bool) -> None:
-    if spec:
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(spec)
-        except (OSError, ValueError) as e:
-            raise UserError(f"--tokenizer {spec}: cannot load it ({str(e).splitlines()[0][:200]}); "
-                            "pass a tokenizer folder") from None
-        before = set(dst_dir.glob("*")) if dst_dir.exists() else set()
-        tok.save_pretrained(str(dst_dir))
-        for f in sorted(set(dst_dir.glob("*")) - before):
-            result.files[_rel(f, result.out)] = "written"
-        result.notes.append(f"tokenizer: from {spec}")
-    elif src_dir.is_dir():
-        for f in sorted(src_dir.iterdir()):
-            if f.is_file():
-                result.files[_rel(dst_dir / f.name, result.out)] = _place(f, dst_dir / f.name, link)
-        result.notes.append("tokenizer: copied from the checkpoint")
-    else:
-        result.notes.append("tokenizer: none known (pass --tokenizer; NeMo-RL takes value.tokenizer.name, verl "
-                            "critic.model.tokenizer_path, TRL/OpenRLHF the policy's tokenizer)")
-
-
-def _write_manifest(src_root: Path, dst_root: Path, fmt: str, *, dtype, add_bias: bool, files_list: bool,
-                    optimizer: str) -> None:
-    """Our manifest, with where the export came from; a step tree gets a fresh file list
-    (so ``find_checkpoints``/``verify`` accept it), an HF folder none."""
-    exported = {"format": fmt, "from": str(src_root.resolve()), "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "dtype": _dtype_name(dtype) if dtype else None, "head_bias_added": add_bias, "optimizer": optimizer}
-    ckpt.write_export_manifest(src_root, dst_root, exported, ckpt.files_manifest(dst_root) if files_list else None)
-
-
-def _rel(path: Path, root: Path) -> str:
-    return str(Path(path).relative_to(root))
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """What each PPO framework loads as a critic, in one table, and the lines a user pastes into it.
 
-Sources (docs/design.md has the links): NeMo-RL's DTensor value worker builds
+Sources (docs/design.md and docs/export.md have the links): NeMo-RL's DTensor value worker builds
 ``AutoModelForTokenClassification(config, num_labels=1)`` and loads ``value/weights`` with
 strict keys; verl's critic is the same class from ``critic.model.path``; OpenRLHF builds an
 ``AutoModel`` backbone plus a bias-free ``Linear`` named by ``config.value_head_prefix``; TRL's
-PPO value model is ``AutoModelForSequenceClassification`` whose ``score`` has no bias.
+PPO value model is ``AutoModelForSequenceClassification`` whose ``score`` has no bias; ROLL's
+``trl`` critic is TRL's ``AutoModelForCausalLMWithValueHead`` over a causal-LM folder, its
+``v_head.summary`` (with bias) read from LLaMA-Factory's ``value_head.safetensors`` sidecar;
+SkyRL builds an ``AutoModel`` backbone plus a bias-free ``Linear`` named ``value_head``.
 Every one of them aligns values the same way: value[t] = head(hidden[t-1]).
 """
 
@@ -34,6 +37,8 @@ class Framework:
     export_repairs: frozenset
     """Seed-check problem areas its export fixes (a missing bias added as 0, the optimizer
     not carried by Hugging Face folders)."""
+    head: str = HEAD
+    """The value head's name in the consumer's weights (``<head>.weight``, ``<head>.bias``)."""
 
 
 FRAMEWORKS = {
@@ -58,6 +63,16 @@ FRAMEWORKS = {
         "an AutoModelForSequenceClassification folder (score without bias): "
         "`critic-pretrain export STEP --format trl`",
         frozenset({"optimizer"})),
+    "roll": Framework(
+        "roll", "roll", True,
+        "a *ForCausalLM backbone folder + value_head.safetensors (v_head.summary.weight [1, H], v_head.summary.bias "
+        "[1]) for a critic with model_type: trl: `critic-pretrain export STEP --format roll`",
+        frozenset({"bias", "optimizer"}), head="v_head.summary"),
+    "skyrl": Framework(
+        "skyrl", "skyrl", False,
+        "an AutoModel backbone + a bias-free Linear named value_head (trainer.algorithm.value_head_prefix): "
+        "`critic-pretrain export STEP --format skyrl`",
+        frozenset({"optimizer"}), head="value_head"),
 }
 TARGETS = tuple(FRAMEWORKS)
 BIASED_TARGETS = tuple(name for name, f in FRAMEWORKS.items() if f.head_bias)
@@ -192,14 +207,41 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
             lines.append("--normalize_reward                  # newer: --reward.normalize_enable; applies the folded "
                          "head bias (config.json mean/std), see the note above")
         return lines + _plain_reward_note(t, "OpenRLHF has no linear reward transform: produce rewards on that scale")
+    if target in ("roll", "skyrl"):
+        return _roll_lines(loc, t) if target == "roll" else _skyrl_lines(loc, t)
+    return _trl_lines(loc, t)
+
+
+def _trl_lines(loc: str, t: dict) -> list[str]:
     return ["# TRL 1.12 PPO (trl.experimental.ppo)",
             "from transformers import AutoModelForSequenceClassification",
             "from trl.experimental.ppo import PPOConfig, PPOTrainer",
             f"value_model = AutoModelForSequenceClassification.from_pretrained({loc!r}, num_labels=1)",
-            f"args = PPOConfig(..., gamma={gamma:g}, lam={_shared_lambda(t)[0]})   # gamma as the critic was "
-            f"trained; {_shared_lambda(t)[1]}",
+            f"args = PPOConfig(..., gamma={t.get('gamma', 1.0):g}, lam={_shared_lambda(t)[0]})   # gamma as the "
+            f"critic was trained; {_shared_lambda(t)[1]}",
             "trainer = PPOTrainer(args=args, ..., value_model=value_model)",
             *_plain_reward_note(t, "TRL has no reward transform: make the reward model's score that scale")]
+
+
+def _roll_lines(loc: str, t: dict) -> list[str]:
+    return ["# ROLL pipeline config: a trl-type critic loads the backbone + value_head.safetensors",
+            "critic:", "  model_args:", f"    model_name_or_path: {loc}", "    model_type: trl",
+            "adv_estimator: gae", f"gamma: {t.get('gamma', 1.0):g}",
+            f"lambd: {_shared_lambda(t)[0]}              # ROLL: {_shared_lambda(t)[1]}",
+            "critic_warmup: 0          # the critic is already warm",
+            *_plain_reward_note(t, "ROLL's reward_clip and norm_mean_type/norm_std_type are not affine maps of the "
+                                   "reward: make the reward function return that scale")]
+
+
+def _skyrl_lines(loc: str, t: dict) -> list[str]:
+    return ["# SkyRL (skyrl.train.entrypoints.main_base) overrides",
+            f"trainer.critic.model.path={loc}",
+            "trainer.algorithm.value_head_prefix=value_head   # the default: the export's head name",
+            "trainer.algorithm.advantage_estimator=gae", f"trainer.algorithm.gamma={t.get('gamma', 1.0):g}",
+            f"trainer.algorithm.lambd={_shared_lambda(t)[0]}   # SkyRL: {_shared_lambda(t)[1]}",
+            "# keep trainer.policy.model.path different from the critic's: SkyRL re-initialises the value head "
+            "when they are equal",
+            *_plain_reward_note(t, "SkyRL has no reward transform: make the reward function return that scale")]
 
 
 def _plain_reward_note(targets: dict, how: str) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 from .. import checkpoint as ckpt
 from ..checkpoint.safe_dcp import dcp_metadata, read_dcp, scheduler_class
 from ..errors import first_line
-from .frameworks import HEAD
+from .frameworks import FRAMEWORKS, HEAD
 from .seed_report import SeedReport
 
 log = logging.getLogger(__name__)
@@ -64,9 +64,10 @@ def expected_layout(config, layout: str, *, bias: bool, head: str = HEAD,
     """Key -> shape and trainable parameter names of the class a consumer builds.
 
     ``layout``: ``token`` (AutoModelForTokenClassification: NeMo-RL, verl), ``sequence``
-    (AutoModelForSequenceClassification: TRL), ``openrlhf`` (AutoModel backbone under its
-    ``base_model_prefix`` + a bias-free Linear named ``head``). Built on the meta device:
-    no memory, no weights read.
+    (AutoModelForSequenceClassification: TRL), ``backbone`` (AutoModel backbone under its
+    ``base_model_prefix`` + a Linear named ``head``, with a bias when ``bias``: OpenRLHF and SkyRL
+    without, ROLL's ``v_head.summary`` with; a causal LM's head, which ROLL ties, is not
+    expected). Built on the meta device: no memory, no weights read.
     """
     import copy
 
@@ -85,13 +86,16 @@ def expected_layout(config, layout: str, *, bias: bool, head: str = HEAD,
             model = AutoModel.from_config(config)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     params = [n for n, p in model.named_parameters() if p.requires_grad]
-    if layout == "openrlhf":
+    if layout == "backbone":
         prefix = model.base_model_prefix
         shapes = {f"{prefix}.{k}": v for k, v in shapes.items()}
         params = [f"{prefix}.{n}" for n in params]
         hidden = config.get_text_config().hidden_size
         shapes[f"{head}.weight"] = (1, hidden)
         params.append(f"{head}.weight")
+        if bias:
+            shapes[f"{head}.bias"] = (1,)
+            params.append(f"{head}.bias")
     elif layout == "token" and bias and f"{HEAD}.bias" not in shapes:
         # transformers < 5 ignores token_classification_bias and always adds the bias anyway
         shapes[f"{HEAD}.bias"] = (1,)
@@ -113,11 +117,12 @@ def check_head(report: SeedReport, shapes: dict, want_bias: bool, *, bias_area: 
         report.fail("head", f"value head {head}.bias has shape {list(b[0])}, expected [1]; train a critic with "
                             "critic-pretrain train")
     if want_bias and b is None:
+        builds = ("TRL's ValueHead with v_head.summary.bias and loads it with strict=False (a missing bias stays "
+                  "random)" if report.target == "roll" else
+                  "AutoModelForTokenClassification(num_labels=1) with score.bias [1] and loads strictly")
         report.fail(bias_area, f"the value head has no bias (trained with model.head_bias=false) but {report.target} "
-                               "builds AutoModelForTokenClassification(num_labels=1) with score.bias [1] and loads "
-                               "strictly; export it with critic-pretrain export --format "
-                               f"{'nemo-rl' if report.target == 'nemo-rl' else 'hf'} "
-                               "(adds a zero bias, values unchanged)")
+                               f"builds {builds}; export it with critic-pretrain export --format "
+                               f"{FRAMEWORKS[report.target].export_format} (adds a zero bias, values unchanged)")
     if not want_bias and b is not None and report.kind == "hf":
         report.fail("head", f"{head}.bias is in the weights but {report.target}'s value head is a bias-free Linear: "
                             "transformers drops it without an error and every value shifts by the bias; export with "
@@ -153,7 +158,8 @@ def check_layout(report: SeedReport, shapes: dict, expected: dict | None, config
                             "or retrain the critic")
     if not arch_ok:
         return  # every tensor would differ: the lines above say why
-    head_keys = {k for k in set(shapes) | set(expected) if k.split(".")[0] in (HEAD, _head_name(report))}
+    heads = (HEAD, _head_name(report))
+    head_keys = {k for k in set(shapes) | set(expected) if any(k.startswith(f"{h}.") for h in heads)}
     missing = sorted(set(expected) - set(shapes) - head_keys)
     extra = sorted(set(shapes) - set(expected) - head_keys)
     wrong = sorted(k for k in set(shapes) & set(expected) if k not in head_keys and shapes[k][0] != expected[k])

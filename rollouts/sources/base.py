@@ -4,10 +4,12 @@ readers with nested-field lookup."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -167,3 +169,9 @@ def show(value: Any) -> str:
 def short(e: Exception) -> str:
     msg = " ".join(str(e).split())
     return msg[:160] + ("..." if len(msg) > 160 else "")
+
+
+def prompt_hash(prompt: Any) -> str:
+    """The ``group_id`` of a prompt: the first 16 hex digits of BLAKE2b over its token ids as
+    little-endian int64 (the same on every machine and run; docs/converters.md)."""
+    return hashlib.blake2b(np.asarray(prompt, dtype="<i8").tobytes(), digest_size=8).hexdigest()

@@ -102,6 +102,9 @@ class NemoRLSource:
                           "idx numbers the rollouts of a step; fix or drop the field", "wrong_type")
         return idx
 
+    def collected(self) -> dict:
+        return {"framework": "nemo-rl"}
+
     def field_of(self, column: str) -> str | None:
         return self.fields.get(column)
 
