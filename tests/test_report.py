@@ -154,3 +154,21 @@ def test_load_metrics_is_one_row_per_step(tmp_path):
     assert df["step"].tolist() == [0, 1, 2]
     assert df.loc[2, "train/loss"] == 0.4 and df.loc[2, "val/loss"] == 0.2 and math.isnan(df.loc[1, "val/loss"])
     assert df[["step", "val/loss"]].dropna()["step"].tolist() == [0, 2]
+
+
+def test_report_picks_a_recipe_by_validation_ev_among_alike_runs(toy_data, tmp_path):
+    """Several runs on the same held-out rollouts: report.md names the highest final val EV (the
+    oracle-free rule of docs/warm.md); runs validated on other rollouts are not compared."""
+    from conftest import tiny_overrides, train_main
+
+    from critic_pretrain.report import write_report
+    runs = {"learns": {"train.max_steps": 30, "eval.every": 10},
+            "frozen": {"train.max_steps": 2, "optim.lr": 1e-30, "optim.warmup_steps": 0, "eval.every": 1}}
+    for name, extra in runs.items():
+        assert train_main(tiny_overrides(tmp_path / name, toy_data, **extra)) == 0
+    _, text = write_report([tmp_path / "learns", tmp_path / "frozen"], tmp_path / "r", evaluate=False)
+    assert "Recipe choice without an oracle: **learns**" in text
+    assert train_main(tiny_overrides(tmp_path / "other", toy_data, **{"data.val_fraction": 0.3, "eval.every": 2,
+                                                                      "train.max_steps": 2})) == 0
+    _, text = write_report([tmp_path / "learns", tmp_path / "other"], tmp_path / "r2", evaluate=False)
+    assert "Recipe choice: not made: these runs validate on different rollouts" in text

@@ -74,6 +74,8 @@ class RunSummary:
     calibration: dict | None
     audits: dict[str, dict] = field(default_factory=dict)
     """``step_<n>`` -> what ``critic-pretrain audit`` wrote for it (``<run>/eval/step_<n>-audit.json``)."""
+    held_out: dict | None = None
+    """What the run validated on (its config's data sources and split keys): runs compare only alike."""
 
 
 def pick_checkpoint(run: RunData) -> tuple[list[int], int | None]:
@@ -106,7 +108,37 @@ def summarize_run(run: RunData, calibration: dict | None = None) -> RunSummary:
         best_loss=best_loss, best_ev=best_ev,
         plateau_loss=plateau_step(steps, loss), plateau_ev=plateau_step(ev_steps, ev, higher_is_better=True),
         overtrained=regressed(loss), checkpoints=saved, pick=pick,
-        calibration=calibration, audits=read_audits(run.path))
+        calibration=calibration, audits=read_audits(run.path), held_out=held_out_of(run.path))
+
+
+HELD_OUT_KEYS = ("train", "sources", "val", "val_fraction", "val_split", "max_length", "overlong")
+
+
+def held_out_of(run_dir) -> dict | None:
+    """The data keys that decide a run's validation rollouts (from its config.yaml), or None."""
+    import yaml
+    try:
+        data = (yaml.safe_load(Path(run_dir, "config.yaml").read_text()) or {}).get("data") or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    return {k: data.get(k) for k in HELD_OUT_KEYS}
+
+
+def recipe_choice(summaries: list[RunSummary]) -> list[str]:
+    """The oracle-free rule (docs/warm.md, *Choosing a recipe without an oracle*): among runs that
+    validate on the same held-out rollouts, the highest final validation EV. On the synthetic
+    environments it picks the recipe the exact values would (bench/recipes.md)."""
+    scored = [s for s in summaries if s.final.get("val/explained_variance") is not None]
+    if len(scored) < 2:
+        return []
+    if any(s.held_out is None or s.held_out != scored[0].held_out for s in scored):
+        return ["Recipe choice: not made: these runs validate on different rollouts (data sources or split "
+                "differ), so their validation EVs do not compare."]
+    best = max(scored, key=lambda s: s.final["val/explained_variance"])
+    others = ", ".join(f"{s.name} {_fmt(s.final['val/explained_variance'])}" for s in scored if s is not best)
+    return [f"Recipe choice without an oracle: **{best.name}**, the highest final validation EV "
+            f"({_fmt(best.final['val/explained_variance'])}; {others}) on the same held-out rollouts "
+            "(the rule and how well it agrees with exact values: docs/warm.md, *Choosing a recipe without an oracle*)."]
 
 
 def read_audits(run_dir) -> dict[str, dict]:
@@ -143,6 +175,9 @@ def runs_markdown(summaries: list[RunSummary]) -> str:
         be = f"{_fmt(s.best_ev[1])} ({s.best_ev[0]})" if s.best_ev else "-"
         lines.append(f"| {s.name} | {s.last_step} | {bl} | {be} | {_fmt(s.final.get('val/loss'))} | "
                      f"{_fmt(s.final.get('val/explained_variance'))} | {_fmt(s.plateau_loss)} |")
+    choice = recipe_choice(summaries)
+    if choice:
+        lines += ["", *choice]
     for s in summaries:
         lines += ["", f"## {s.name}", ""]
         if not s.evaluations:
