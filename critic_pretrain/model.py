@@ -48,6 +48,11 @@ def build_config(cfg: ModelConfig, *, saved: bool = False) -> PretrainedConfig:
                             "pass a local model folder or a hub id that is in the local cache") from None
         overrides.pop("model_type", None)
         check_config_keys(type(config)(), overrides)
+        for k in sorted(SHAPE_KEYS & overrides.keys()):
+            if getattr(config, k, None) is not None and overrides[k] != getattr(config, k):
+                raise UserError(f"model.config.{k}={overrides[k]!r} differs from {cfg.name_or_path}'s {k}="
+                                f"{getattr(config, k)!r}: its weights have that shape; drop the override "
+                                "(model.config=null clears a recipe's random-init model, e.g. the demo's)")
         for k, v in overrides.items():
             try:
                 setattr(config, k, v)
@@ -76,6 +81,10 @@ def build_config(cfg: ModelConfig, *, saved: bool = False) -> PretrainedConfig:
                  remote_code=cfg.trust_remote_code)
     return config
 
+
+SHAPE_KEYS = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "head_dim"})
+"""Config keys that size pretrained weights: an override of one on a loaded backbone cannot load."""
 
 # Keys transformers still accepts and folds into other fields (RoPE settings into rope_parameters),
 # and the head fields our own config.json carries.
@@ -226,6 +235,11 @@ def build_value_model(cfg: ModelConfig, *, init_head: bool = True, config: Pretr
                     cfg.name_or_path, output_loading_info=True, **kwargs)
         except (OSError, ValueError, AssertionError) as e:
             raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot load weights ({first_line(e)})") from e
+        except RuntimeError as e:  # shapes that differ from the weights (an override SHAPE_KEYS does not name)
+            if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
+                raise
+            raise UserError(f"model.name_or_path={cfg.name_or_path!r}: its weights do not fit the config "
+                            f"({first_line(e)[:160]}); drop the model.config overrides that change shapes") from e
         missing = set(info.get("missing_keys", ()))
         _log_load(cfg.name_or_path, missing, set(info.get("unexpected_keys", ())))
         backbone_missing = sorted(k for k in missing if not k.startswith("score."))

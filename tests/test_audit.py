@@ -254,3 +254,21 @@ def test_mc_from_reuses_an_earlier_audits_continuations(world, tmp_path, capsys)
                      "--out", str(tmp_path / "x.json"), "--device", "cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and "its samples is 3, this audit's 4" in err[0]
+
+
+def test_rollouts_the_policy_cannot_have_sampled_are_refused(world, tmp_path, capsys):
+    """Token ids beyond the policy's vocabulary: one line naming the rollout, before any sampling."""
+    import json as _json
+
+    from transformers import AutoConfig
+    policy, data, reward_py, step, _, _ = world
+    small = tmp_path / "small-policy"
+    import shutil
+    shutil.copytree(policy, small)
+    cfg = AutoConfig.from_pretrained(small)
+    cfg.vocab_size = 8
+    (small / "config.json").write_text(_json.dumps(cfg.to_dict()))
+    code = cli_main(["audit", str(step), "--policy", str(small), "--reward", f"{reward_py}:reward", "--rollouts",
+                     str(data), "--out", str(tmp_path / "a.json"), "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "outside the policy's vocabulary (8 tokens)" in err[0]

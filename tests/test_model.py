@@ -216,3 +216,13 @@ def test_metadata_keys_of_a_converted_config_build_the_same_model():
     assert saved.hidden_size == plain.hidden_size
     with pytest.raises(UserError, match="unk_token_id"):  # typed by a user: still a typo until proven otherwise
         build_config(ModelConfig(config={**SMALL, "model_type": "llama", "unk_token_id": 0}))
+
+
+def test_a_shape_override_on_a_pretrained_backbone_is_one_line(tmp_path):
+    """`--config demo model.name_or_path=FOLDER` kept the demo's random-init model.config (hidden 64,
+    vocab 512) over the folder's own: transformers failed with a traceback about mismatched sizes."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**{**SMALL, "model_type": "llama"})).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match=r"model.config.hidden_size=64 differs from .*'s hidden_size=32.*config=null"):
+        build_config(ModelConfig(name_or_path=str(tmp_path), config={"hidden_size": 64}))
+    assert build_config(ModelConfig(name_or_path=str(tmp_path), config={"hidden_size": 32})).hidden_size == 32

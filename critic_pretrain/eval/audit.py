@@ -253,6 +253,21 @@ def run_jobs(jobs: list[Job], sampler, tokenizer, reward_fn: Callable[[str, str]
         yield len(part)
 
 
+def check_policy_vocab(rollouts: list[Rollout], policy: str) -> None:
+    """Token ids the policy has no embedding for mean the rollouts are not its own (rollouts
+    without a recorded tokenizer pass the fingerprint check): one line, before any sampling."""
+    from transformers import AutoConfig
+    try:
+        vocab = AutoConfig.from_pretrained(policy, trust_remote_code=False).vocab_size
+    except (OSError, ValueError):
+        return  # _load_policy says why, in one line, when it loads the model
+    for ro in rollouts:
+        top = max(ro.ids)
+        if top >= vocab:
+            raise UserError(f"rollout {ro.row}: token id {top} is outside the policy's vocabulary ({vocab} tokens): "
+                            f"these rollouts were not sampled by --policy {policy}; pass the policy that sampled them")
+
+
 def check_reward_fn(rollouts: list[Rollout], tokenizer, reward_fn, transform, spec: str) -> None:
     """The reward function must give each stored response its stored reward (after the run's
     transform): else the MC values are in other units than the critic's, and the audit would
@@ -452,6 +467,7 @@ def prepare(step_dir: str | Path, policy: str, reward: str, rollouts: list[str] 
     store = held[0].store
     rows, regimes = _rows_and_regimes(held, step_dir)
     picked = select_rollouts(store, rows, regimes, max_rollouts, cuts, sampling.max_new_tokens, seed)
+    check_policy_vocab(picked, policy)
     transform = store_mod.reward_transform(cfg.targets)
     check_reward_fn(picked, tokenizer, reward_fn, transform, reward)
     critic = load_checkpoint_model(step_dir, cfg, dev, configs=configs)

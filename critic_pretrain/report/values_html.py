@@ -77,7 +77,7 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.2em; margin-top: 2em; } h3 { font-siz
 .tokens { font-family: ui-monospace, monospace; font-size: .9em; line-height: 1.9; border: 1px solid #ddd;
           padding: .5em; word-break: break-word; }
 .tok { white-space: pre-wrap; border-radius: 2px; padding: 0 1px; }
-.ids .tok { margin-right: .35em; }
+.ids .tok { margin-right: .35em; white-space: nowrap; }  /* one id never breaks across lines */
 .tok.np { color: #8a8a8a; background: #ececec; }
 body[data-view=value] .tok.p { background: var(--v); }
 body[data-view=advantage] .tok.p { background: var(--a); }
