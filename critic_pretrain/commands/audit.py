@@ -24,8 +24,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policy", required=True, metavar="MODEL",
                    help="the policy that sampled the rollouts: a local folder or hub id (its tokenizer must match)")
     p.add_argument("--reward", required=True, metavar="MODULE:FUNCTION",
-                   help="fn(prompt_text, response_text) -> float, the rollouts' reward: module:function importable "
-                        "from here (e.g. examples.smollm2.task:reward) or path/file.py:function")
+                   help="fn(prompt_text, response_text) -> float, the rollouts' reward (prompt: the tokens before the "
+                        "first policy token; response: all after, tool output included; decoded without special "
+                        "tokens): module:function importable from here (e.g. examples.smollm2.task:reward) or "
+                        "path/file.py:function. It must give every audited stored response its stored reward")
     p.add_argument("--rollouts", nargs="+", metavar="PATH",
                    help="rollouts of the policy (the critic's trained-on ones are left out); default: the run's own "
                         "held-out sets")
@@ -34,8 +36,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"continuations per state (default {audit.SAMPLES})")
     p.add_argument("--max-rollouts", type=int, default=audit.MAX_ROLLOUTS,
                    help=f"rollouts to audit (default {audit.MAX_ROLLOUTS})")
-    p.add_argument("--max-new-tokens", type=int, help="the turn's token budget (default: as the rollouts record it)")
-    p.add_argument("--temperature", type=float, help="default: as the rollouts record it; 0: greedy")
+    p.add_argument("--max-new-tokens", type=int, help="the turn's token budget (default: as the rollouts record it in "
+                   "_rollouts.json 'generation'; required when they do not)")
+    p.add_argument("--temperature", type=float, help="default: as the rollouts record it (required when they do not); "
+                   "0: greedy")
     p.add_argument("--top-p", type=float, help="default: as the rollouts record it, else 1")
     p.add_argument("--batch", type=int, default=4, help="states per generate call (x --samples sequences)")
     p.add_argument("--seed", type=int, default=0)

@@ -60,6 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {regimes[0]['trained_on_left_out']} of these rollouts are ones the critic trained on (the same "
               "tokens): the metrics above include them, the verdicts below do not")
     for regime in regimes:
-        print(f"verdict on {regime['rows']} {regime['verdict']['line'].replace('**', '')}")
+        print(f"verdict ({regime['rows']} rollouts) on {regime['verdict']['line'].replace('**', '')}")
     print(f"wrote {out}")
     return 0

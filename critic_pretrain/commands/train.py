@@ -59,3 +59,26 @@ def check_final_seed(run: Run) -> None:
     print()
     if print_report(check_seed((run.out / f"step_{run.state.step}").resolve(), target)) != 0:
         log.warning("training finished, but step_%d is not a usable %s seed (above)", run.state.step, target)
+    for line in verdict_lines(run.out / f"step_{run.state.step}"):
+        print(line)
+
+
+def verdict_lines(step_dir) -> list[str]:
+    """The last evaluation's verdict per held-out set (the snippet above loads any valid seed; this
+    says whether it helps): from the step's training info, no model run."""
+    from ..checkpoint import Manifest, StepPaths
+    from ..data import REGIMES
+    from ..eval.verdict import CALLS
+    info = StepPaths(step_dir).read_training_info() or {}
+    split = getattr(Manifest.read(step_dir), "val_split", None) or "prompt"
+    calls = {v: k for k, v in CALLS.items()}
+    out = []
+    for prefix in ("val", "val_response"):
+        code = info.get(f"{prefix}:verdict")
+        if isinstance(code, (int, float)) and code in calls:
+            regime = REGIMES["response" if prefix == "val_response" or split == "response" else "prompt"]
+            ev = [info.get(f"{prefix}:ev_vs_group_mean{s}") for s in ("", "_lo", "_hi")]
+            out.append(f"verdict at the last evaluation on {regime} ({prefix}/): {calls[code]} (EV over the group "
+                       f"mean {ev[0]:.3f} [{ev[1]:.3f}, {ev[2]:.3f}]); `critic-pretrain eval {step_dir}` gives every "
+                       "number")
+    return out

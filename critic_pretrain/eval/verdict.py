@@ -165,9 +165,8 @@ class Verdict:
         if self.call == "unknown":
             return "evaluate on more rollouts (several prompts, two or more responses each)"
         return ("a free baseline (the group mean of GRPO, or the batch mean PPO subtracts anyway) does as well: "
-                "retrain with bootstrapped targets "
-                "(targets.values_from=critic), more rollouts of this policy or a longer schedule, or start PPO "
-                "without it")
+                "retrain with bootstrapped targets (targets.values_from=critic, if it did not use them), more "
+                "rollouts of this policy or a longer schedule, or start PPO without it")
 
     def line(self) -> str:
         """The one line that ends ``seed check`` and report.md."""
