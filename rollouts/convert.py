@@ -358,6 +358,10 @@ def _run(source: Source, out_dir: str | os.PathLike, *, shard_rows: int, on_bad:
         raise ValueError(f"on_bad must be 'fail' or 'skip', got {on_bad!r}")
     if shard_rows < 1:
         raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
+    ignored = getattr(source, "ignored", [])  # dump sources: other files found in the folders given
+    if progress is not None and ignored:
+        kinds = ", ".join(sorted({f.suffix for f in ignored}))
+        progress(f"ignored {len(ignored)} other {kinds} file(s), e.g. {ignored[0]}")
     out = Path(out_dir)
     q = Path(quarantine) if quarantine else None
     old, created = _prepare_out(out, overwrite, q)
@@ -407,8 +411,6 @@ def convert_nemo_rl(paths: str | os.PathLike | Iterable[str | os.PathLike], out_
     >>> print(res.summary())
     """
     source = NemoRLSource(paths, reward_field=reward_field, keep_extra=keep_extra)
-    if progress is not None and source.ignored:
-        progress(f"ignored {len(source.ignored)} other .jsonl file(s), e.g. {source.ignored[0]}")
     return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
                 overwrite=overwrite, progress=progress)
 
@@ -423,8 +425,6 @@ def convert_slime(paths: str | os.PathLike | Iterable[str | os.PathLike], out_di
     >>> convert_slime("dump_details/rollout_data", "rollouts/run1")
     """
     source = SlimeSource(paths, reward_key=reward_key, keep_extra=keep_extra)
-    if progress is not None and source.ignored:
-        progress(f"ignored {len(source.ignored)} other .pt file(s), e.g. {source.ignored[0]}")
     return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
                 overwrite=overwrite, progress=progress)
 
@@ -439,8 +439,6 @@ def convert_verl(paths: str | os.PathLike | Iterable[str | os.PathLike], out_dir
     >>> convert_verl("~/.verl/rollout_dump/exp_proj", "rollouts/run1")
     """
     source = VerlSource(paths, reward_field=reward_field, keep_extra=keep_extra)
-    if progress is not None and source.ignored:
-        progress(f"ignored {len(source.ignored)} other .dp file(s), e.g. {source.ignored[0]}")
     return _run(source, out_dir, shard_rows=shard_rows, on_bad=on_bad, quarantine=quarantine,
                 overwrite=overwrite, progress=progress)
 

@@ -527,8 +527,9 @@ def recorded_generation(specs: list) -> dict | None:
     from rollouts.paths import archive_folder
     from rollouts.provenance import read_manifest
     for folder in map(archive_folder, specs):
-        if folder is not None and read_manifest(folder).get("generation"):
-            return read_manifest(folder)["generation"]
+        generation = read_manifest(folder).get("generation") if folder is not None else None
+        if generation:
+            return generation
     return None
 
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..paths import PARQUET_SUFFIXES
+from ..errors import RolloutError
+from ..paths import PARQUET_SUFFIXES, resolve
 
 try:  # optional: parses dump lines about 7x faster than the standard library (docs/converters.md)
     import orjson
@@ -175,3 +177,25 @@ def prompt_hash(prompt: Any) -> str:
     """The ``group_id`` of a prompt: the first 16 hex digits of BLAKE2b over its token ids as
     little-endian int64 (the same on every machine and run; docs/converters.md)."""
     return hashlib.blake2b(np.asarray(prompt, dtype="<i8").tobytes(), digest_size=8).hexdigest()
+
+
+def dump_files(paths, suffixes: tuple[str, ...], keep: Callable[[Path, bool], bool], missing: str,
+               order: Callable[[Path], Any], check: Callable[[list[Path], list[Path], bool], None] | None = None
+               ) -> tuple[list[Path], list[Path]]:
+    """A dump's files (each spec: a file, folder or glob) in ``order``, and the other files of
+    ``suffixes`` found in folders (ignored). ``keep(file, explicit)`` says which found files belong
+    to the dump (``explicit``: the spec names that file); a spec with none is a one-line error
+    ``{spec}: {missing}``; ``check(found, kept, explicit)`` may refuse a spec first."""
+    files: list[Path] = []
+    ignored: list[Path] = []
+    for spec in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        found = resolve(spec, suffixes=suffixes)
+        explicit = Path(spec).is_file()
+        kept = [f for f in found if keep(f, explicit)]
+        if check is not None:
+            check(found, kept, explicit)
+        if not kept:
+            raise RolloutError(f"{spec}: {missing}")
+        ignored += [f for f in found if f not in kept]
+        files += sorted(kept, key=order)
+    return list(dict.fromkeys(files)), ignored

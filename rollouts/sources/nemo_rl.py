@@ -3,16 +3,13 @@ NeMo-RL's code they were read)."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
 
 from .. import schema as S
-from ..errors import RolloutError
-from ..paths import resolve
-from .base import BadFile, BadRow, jsonl_records, show, union_keys, unwrap
+from .base import BadFile, BadRow, dump_files, jsonl_records, show, union_keys, unwrap
 
 NEMO_RL_NAME = re.compile(r"train_data_step(\d+)\.jsonl")
 
@@ -124,18 +121,9 @@ def nemo_rl_files(paths) -> tuple[list[Path], list[Path]]:
     A NeMo-RL log folder also holds ``val_data_step<N>.jsonl`` and other logs: folders and
     globs contribute only ``train_data_step<N>.jsonl``; a file named explicitly is always read.
     """
-    files: list[Path] = []
-    ignored: list[Path] = []
-    for spec in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        found = resolve(spec, suffixes=(".jsonl",))
-        explicit = Path(spec).is_file()
-        keep = [f for f in found if explicit or step_of(f) is not None]
-        if not keep:
-            raise RolloutError(f"{spec}: holds no train_data_step<N>.jsonl; point at NeMo-RL's log folder "
-                               "(logs/exp_NNN) or at the dump files")
-        ignored += [f for f in found if f not in keep]
-        files += sorted(keep, key=lambda f: (str(f.parent), step_of(f) or 0, f.name))
-    return list(dict.fromkeys(files)), ignored
+    return dump_files(paths, (".jsonl",), lambda f, explicit: explicit or step_of(f) is not None,
+                      "holds no train_data_step<N>.jsonl; point at NeMo-RL's log folder (logs/exp_NNN) or at the "
+                      "dump files", order=lambda f: (str(f.parent), step_of(f) or 0, f.name))
 
 
 def step_of(path: Path) -> int | None:

@@ -13,7 +13,6 @@ with the allow-list unpickler (``rollouts.safe_pickle``), never with ``torch.loa
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -22,10 +21,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from .. import schema as S
-from ..errors import RolloutError
-from ..paths import resolve
 from ..safe_pickle import UnsafePickle, is_torch_archive, load_torch
-from .base import BadFile, BadRow, prompt_hash, show
+from .base import BadFile, BadRow, dump_files, prompt_hash, show
 
 SLIME_NAME = re.compile(r"(\d+)\.pt")
 """``--save-debug-rollout-data`` writes ``<rollout_id>.pt`` (evaluation rollouts: ``eval_<id>.pt``)."""
@@ -188,18 +185,11 @@ def slime_files(paths) -> tuple[list[Path], list[Path]]:
     ``--dump-details`` puts its training batches there, in another format); evaluation dumps
     (``eval_<id>.pt``) are left out. A file named explicitly is always read.
     """
-    files: list[Path] = []
-    ignored: list[Path] = []
-    for spec in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        found = resolve(spec, suffixes=(".pt",))
-        explicit = Path(spec).is_file()
-        keep = [f for f in found if explicit or (_rollout_of(f) is not None and f.parent.name != "train_data")]
-        if not keep:
-            raise RolloutError(f"{spec}: holds no slime rollout dump (<rollout_id>.pt, as --save-debug-rollout-data "
-                               "writes); point at the rollout_data folder or at the .pt files")
-        ignored += [f for f in found if f not in keep]
-        files += sorted(keep, key=lambda f: (str(f.parent), _rollout_of(f) or 0, f.name))
-    return list(dict.fromkeys(files)), ignored
+    return dump_files(paths, (".pt",),
+                      lambda f, explicit: explicit or (_rollout_of(f) is not None and f.parent.name != "train_data"),
+                      "holds no slime rollout dump (<rollout_id>.pt, as --save-debug-rollout-data writes); point at "
+                      "the rollout_data folder or at the .pt files",
+                      order=lambda f: (str(f.parent), _rollout_of(f) or 0, f.name))
 
 
 def _rollout_of(path: Path) -> int | None:

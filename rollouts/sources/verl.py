@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +26,8 @@ import numpy as np
 
 from .. import schema as S
 from ..errors import RolloutError
-from ..paths import resolve
 from ..safe_pickle import Stand, UnsafePickle, load_pickle, load_torch, numpy_dtype, stand_in, view_bytes
-from .base import BadFile, BadRow, show
+from .base import BadFile, BadRow, dump_files, show
 
 CACHE_NAME = "gen_batch.dp"
 """``RolloutSkip.gen_batch_name``: the generated batch of one step (``new_batch.dp`` beside it in
@@ -306,21 +304,15 @@ def verl_files(paths) -> tuple[list[Path], list[Path]]:
     whatever its name (the oldest layout is one file named after the experiment). JSONL is
     verl's decoded-text dump: refused, with what to dump instead.
     """
-    files: list[Path] = []
-    ignored: list[Path] = []
-    for spec in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        found = resolve(spec, suffixes=(".dp", ".jsonl"))
+    def refuse_text(found: list[Path], kept: list[Path], explicit: bool) -> None:
         text = [f for f in found if f.suffix == ".jsonl"]
-        explicit = Path(spec).is_file()
-        keep = [f for f in found if f.suffix != ".jsonl" and (explicit or f.name == CACHE_NAME)]
-        if text and (explicit or not keep):
+        if text and (explicit or not kept):
             raise RolloutError(f"{text[0]}: {TEXT_DUMP}")
-        if not keep:
-            raise RolloutError(f"{spec}: holds no {CACHE_NAME}; point at skip.rollout's dump_dir (or a step folder "
-                               "in it), or at the .dp files")
-        ignored += [f for f in found if f not in keep]
-        files += sorted(keep, key=lambda f: (str(f.parent.parent), step_of(f) or 0, str(f)))
-    return list(dict.fromkeys(files)), ignored
+
+    return dump_files(paths, (".dp", ".jsonl"),
+                      lambda f, explicit: f.suffix != ".jsonl" and (explicit or f.name == CACHE_NAME),
+                      f"holds no {CACHE_NAME}; point at skip.rollout's dump_dir (or a step folder in it), or at the "
+                      ".dp files", order=lambda f: (str(f.parent.parent), step_of(f) or 0, str(f)), check=refuse_text)
 
 
 def step_of(path: Path) -> int | None:
