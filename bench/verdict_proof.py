@@ -101,16 +101,11 @@ def train(run: Path, config: str, data: Path, extra: list[str]) -> Path:
 
 def judge(step: Path, data: Path) -> dict:
     from critic_pretrain.eval import evaluate_checkpoint
+    from critic_pretrain.interop.check import oracle_rule  # seed check's own oracle rule
     ev = evaluate_checkpoint(step, [str(data)], cold_every=0, leave_out_trained=True)
-    m = ev["metrics"]
-    oracle = None
-    if "eval/adv_corr_first_lam0.95" in m and "eval/adv_corr_first_lam0.95_group_mean" in m:
-        from critic_pretrain.eval.verdict import beats_with_oracle  # seed check's own oracle rule
-        c, g = m["eval/adv_corr_first_lam0.95"], m["eval/adv_corr_first_lam0.95_group_mean"]
-        n = next(r["n"] for r in ev["advantages"] if r["estimator"] == "critic" and r["lam"] == 0.95
-                 and r["tokens"] == "first")
-        oracle = {"critic": c, "group_mean": g, "tokens": n,
-                  "call": "better" if beats_with_oracle(c, g, n) else "no better"}
+    oracle = oracle_rule(ev)
+    if oracle is not None:
+        oracle["call"] = "better" if oracle.pop("beats") else "no better"
     return {"regimes": [{"regime": r["regime"], "rows": r["rows"], **{k: r["verdict"][k] for k in (
         "call", "ev_vs_group_mean", "ev_vs_batch_mean", "rho", "sibling_auc", "terminal_auc", "groups")}}
                         for r in ev["regimes"] if r["rows"]], "oracle": oracle}

@@ -133,6 +133,20 @@ QUALITY_LAM = 0.95
 """The actor lambda the quality check scores advantages at (PPO recipes' usual value)."""
 
 
+def oracle_rule(ev: dict) -> dict | None:
+    """With exact values in an eval JSON: the critic's and the group-mean control's GAE(``QUALITY_LAM``)
+    advantage correlations with the true advantages at turn-first tokens, how many tokens, and
+    whether the critic beats the control (``beats_with_oracle``); None without exact values."""
+    from ..eval.verdict import beats_with_oracle
+    m, tag = ev["metrics"], f"lam{QUALITY_LAM:g}"
+    if f"eval/adv_corr_first_{tag}" not in m or f"eval/adv_corr_first_{tag}_group_mean" not in m:
+        return None
+    critic, control = m[f"eval/adv_corr_first_{tag}"], m[f"eval/adv_corr_first_{tag}_group_mean"]
+    n = next((r["n"] for r in ev.get("advantages", []) if r["estimator"] == "critic" and r["lam"] == QUALITY_LAM
+              and r["tokens"] == "first"), None)
+    return {"critic": critic, "group_mean": control, "tokens": n, "beats": beats_with_oracle(critic, control, n)}
+
+
 def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> None:
     """Will the critic help PPO on the current policy's rollouts? (``eval.verdict``)
 
@@ -145,7 +159,6 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
     A stale critic (trained on an older policy) that fails gives PPO nothing a group baseline
     does not give for free, or worse."""
     from ..eval.from_checkpoint import evaluate_checkpoint
-    from ..eval.verdict import beats_with_oracle
 
     try:  # evaluate_checkpoint refuses them too; here it is a failed check, not an aborted one
         preflight.check_rollouts_tokenizer(rollouts, getattr(ckpt.Manifest.read(step_dir), "tokenizer", None),
@@ -157,20 +170,18 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
         return
     ev = evaluate_checkpoint(step_dir, rollouts, cold_every=0, leave_out_trained=True)
     m = ev["metrics"]
-    tag = f"lam{QUALITY_LAM:g}"
     verdicts = [r["verdict"] for r in ev.get("regimes") or [] if r["rows"]]
     q = {"rollouts": list(rollouts), "rows": ev["data"]["rows"], "explained_variance": m.get("eval/explained_variance"),
          "ev_group_mean": m.get("eval/ev_group_mean"), "verdicts": [v["line"] for v in verdicts]}
     where = f"on {ev['data']['rows']} rollouts of {', '.join(rollouts)}"
     decisive = next((v for v in verdicts if v["call"] != "unknown"), None)   # PPO's regime comes first
-    if f"eval/adv_corr_first_{tag}" in m and f"eval/adv_corr_first_{tag}_group_mean" in m:
-        critic, control = m[f"eval/adv_corr_first_{tag}"], m[f"eval/adv_corr_first_{tag}_group_mean"]
+    oracle = oracle_rule(ev)
+    if oracle is not None:
+        critic, control = oracle["critic"], oracle["group_mean"]
         q.update(measure=f"advantage correlation at turn-first tokens, lambda {QUALITY_LAM:g}", critic=critic,
                  baseline=control, grpo=m.get("eval/adv_corr_first_grpo"), td0=m.get("eval/adv_corr_first_lam0"))
-        q.update(ceiling=m.get("eval/ev_oracle_values"),
-                 tokens=next((r["n"] for r in ev.get("advantages", []) if r["estimator"] == "critic"
-                              and r["lam"] == QUALITY_LAM and r["tokens"] == "first"), None))
-        if not beats_with_oracle(critic, control, q["tokens"]):
+        q.update(ceiling=m.get("eval/ev_oracle_values"), tokens=oracle["tokens"])
+        if not oracle["beats"]:
             report.fail("quality", f"{where}: the critic's advantages (lambda {QUALITY_LAM:g}) correlate {critic:.3f} "
                         f"with the true ones at turn-first tokens, no better than the group mean return as a constant "
                         f"value ({control:.3f}, by more than two standard errors over {q['tokens']} tokens; GRPO "
