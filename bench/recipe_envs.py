@@ -47,14 +47,25 @@ HELDOUT = ("reveal", "long", "dense")
 TARGET = 0.6
 """The gap the default recipe must close on every held-out environment (issue 23)."""
 RECIPES: dict[str, tuple[str, list[str]]] = {
-    "default": ("configs/demo.yaml as shipped: TD(0.8) from its own values, 1200 steps", []),
-    "td0.8-600": ("the default before: TD(0.8), 600 steps", ["train.max_steps=600"]),
+    "default": ("configs/demo.yaml as shipped: TD(0.8) from its own values", []),
     "mc": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none"]),
     "td0.95": ("TD(0.95)", ["targets.lam=0.95"]),
     "refresh50": ("TD(0.8) from a target network refreshed every 50 steps", ["targets.refresh_every=50"]),
     "turn-weighted": ("TD(0.8), each policy turn weighted alike", ["data.weighting=turn"]),
     "lam-horizon": ("TD with lambda per horizon, 1 - 1 / (0.05 x policy tokens)", ["targets.lam_alpha=0.05"]),
+    # the same recipes on the schedule the default had before (600 steps): the first comparison
+    "td0.8-600": ("the default before: TD(0.8)", ["train.max_steps=600"]),
+    "mc-600": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none", "train.max_steps=600"]),
+    "td0.95-600": ("TD(0.95)", ["targets.lam=0.95", "train.max_steps=600"]),
+    "refresh50-600": ("TD(0.8), target network refreshed every 50 steps",
+                      ["targets.refresh_every=50", "train.max_steps=600"]),
+    "turn-weighted-600": ("TD(0.8), each policy turn weighted alike", ["data.weighting=turn", "train.max_steps=600"]),
+    "lam-horizon-600": ("TD, lambda per horizon (alpha 0.05)", ["targets.lam_alpha=0.05", "train.max_steps=600"]),
 }
+"""name -> (what it is, overrides of configs/demo.yaml). The step count is not part of "what": it is
+read from the resolved config (``steps``) and printed next to every row, so a row can never claim a
+schedule it did not run."""
+CONFIG = ROOT / "configs" / "demo.yaml"
 
 
 def archive(work: Path, env: str, rows: int, seed: int) -> Path:
@@ -70,14 +81,26 @@ def env_overrides(env: str) -> list[str]:
     return ["data.max_tokens=8192"] if env == "long" else []
 
 
+def steps_of(recipe: str, env: str) -> int:
+    """The number of optimizer steps the recipe runs: its last ``train.max_steps`` override, else
+    configs/demo.yaml's (read, not assumed: the default's schedule has changed before)."""
+    overrides = env_overrides(env) + RECIPES[recipe][1]
+    given = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("train.max_steps=")]
+    if given:
+        return given[-1]
+    import yaml
+
+    return int(yaml.safe_load(CONFIG.read_text())["train"]["max_steps"])
+
+
 def train(work: Path, recipe: str, env: str, data: Path) -> tuple[Path, float | None]:
     overrides = env_overrides(env) + RECIPES[recipe][1]
-    steps = next((int(o.split("=")[1]) for o in reversed(overrides) if o.startswith("train.max_steps=")), 600)
+    steps = steps_of(recipe, env)
     run = work / "runs" / f"{recipe}-{env}"
     timing = run / "train_seconds.txt"
     if not (run / f"step_{steps}").is_dir():
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train", "--config", "configs/demo.yaml",
+        subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train", "--config", str(CONFIG),
                         f"output_dir={run}", "train.progress=false", f"data.train=[{data}]",
                         "train.on_collapse=warn", *overrides], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         timing.write_text(f"{time.perf_counter() - t0:.1f}\n")
@@ -117,6 +140,8 @@ def render(n: dict) -> str:
         mine = {r["env"]: r for r in n["runs"] if r["recipe"] == name}
         if not mine:
             continue
+        steps = sorted({r["steps"] for r in mine.values()})  # what the rows ran, not what the recipe says now
+        what = f"{what}, {'/'.join(f'{x:,}' for x in steps)} steps"
         cells = [f"{_f(mine[e]['all']['gap_closed'], '.0%')} ({_f(mine[e]['first']['gap_closed'], '.0%')})"
                  if e in mine else "-" for e in envs]
         tuned = [mine[e]["all"]["gap_closed"] for e in TUNE if e in mine]
@@ -187,10 +212,11 @@ def main() -> None:
     if not args.render:
         for recipe in args.only or list(RECIPES):
             for env in args.envs or [*TUNE, *HELDOUT]:
-                if not args.redo and any((r["recipe"], r["env"]) == (recipe, env) for r in n["runs"]):
+                done = [r for r in n["runs"] if (r["recipe"], r["env"]) == (recipe, env)]
+                if not args.redo and done and done[0].get("steps") == steps_of(recipe, env):
                     continue  # a re-run after a crash continues; the work folder may be gone
                 step, secs = train(args.work, recipe, env, archive(args.work, env, TRAIN_ROWS, 0))
-                row = {"recipe": recipe, "env": env, "train_seconds": secs,
+                row = {"recipe": recipe, "env": env, "steps": steps_of(recipe, env), "train_seconds": secs,
                        **score(step, archive(args.work, env, HELDOUT_ROWS, HELDOUT_SEED))}
                 if NUMBERS.is_file():  # another process (other --envs) may have added rows meanwhile
                     n = json.loads(NUMBERS.read_text())

@@ -172,3 +172,16 @@ def test_report_picks_a_recipe_by_validation_ev_among_alike_runs(toy_data, tmp_p
                                                                       "train.max_steps": 2})) == 0
     _, text = write_report([tmp_path / "learns", tmp_path / "other"], tmp_path / "r2", evaluate=False)
     assert "Recipe choice: not made: these runs validate on different rollouts" in text
+
+
+def test_report_picks_no_recipe_when_none_beats_a_baseline(toy_data, tmp_path):
+    """Every candidate at its random init (nothing learned): the rule must not crown the least bad one."""
+    from conftest import tiny_overrides, train_main
+
+    from critic_pretrain.report import write_report
+    frozen = {"train.max_steps": 2, "optim.lr": 1e-30, "optim.warmup_steps": 0, "eval.every": 1}
+    for name, seed in (("a", 0), ("b", 1)):
+        assert train_main(tiny_overrides(tmp_path / name, toy_data, seed=seed, **frozen)) == 0
+    _, text = write_report([tmp_path / "a", tmp_path / "b"], tmp_path / "r", evaluate=False)
+    assert "Recipe choice: none: no run's final validation EV beats" in text
+    assert "Recipe choice without an oracle" not in text

@@ -135,9 +135,20 @@ def recipe_choice(summaries: list[RunSummary]) -> list[str]:
         return ["Recipe choice: not made: these runs validate on different rollouts (data sources or split "
                 "differ), so their validation EVs do not compare."]
     best = max(scored, key=lambda s: s.final["val/explained_variance"])
+    ev = best.final["val/explained_variance"]
     others = ", ".join(f"{s.name} {_fmt(s.final['val/explained_variance'])}" for s in scored if s is not best)
+    # The floor a critic must clear to have learned anything: a constant (EV 0) and the prompt-only
+    # value (each rollout's leave-one-out group mean). Below it the "best" recipe is only the least bad.
+    group = best.final.get("val/ev_group_mean")
+    floor = max(0.0, group if group is not None and math.isfinite(group) else 0.0)
+    if ev <= floor:
+        beaten = "the prompt-only value" if floor else "a constant"
+        return [f"Recipe choice: none: no run's final validation EV beats {beaten} "
+                f"(best {best.name} {_fmt(ev)}; {others}; group-mean EV {_fmt(group)}). None of these critics learned "
+                "more than a baseline PPO already has: train longer (more passes over the rollouts) or change the "
+                "recipe before warm-starting (docs/warm.md, *Choosing a recipe without an oracle*)."]
     return [f"Recipe choice without an oracle: **{best.name}**, the highest final validation EV "
-            f"({_fmt(best.final['val/explained_variance'])}; {others}) on the same held-out rollouts "
+            f"({_fmt(ev)}; {others}) on the same held-out rollouts "
             "(the rule and how well it agrees with exact values: docs/warm.md, *Choosing a recipe without an oracle*)."]
 
 
