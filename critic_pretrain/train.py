@@ -231,9 +231,17 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     if resume_dir is not None:
         preflight.check_split_unchanged(resume_dir, ckpt.Manifest.read(resume_dir), cfg,
                                         len(data.train_idx), len(data.val_idx))
-    if not plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout):
+    first = plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout)
+    if not first:
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
                         f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
+    # The schedule is counted in steps of a token budget, so long rollouts mean few per step and few
+    # passes: on the synthetic `long` environment 1,200 steps were ~1.5 passes and learned nothing
+    # (docs/warm.md, *When the critic learns nothing*). Say it in passes before any compute is spent.
+    steps_per_pass, rows = len(first) // layout.per_step, sum(len(mb) for mb in first)
+    log.info("schedule: a pass over the training rollouts is %d steps of about %.1f rollouts; train.max_steps=%d "
+             "is %.1f passes", steps_per_pass, rows / steps_per_pass, cfg.train.max_steps,
+             cfg.train.max_steps / steps_per_pass)
     return data, tokenizer, tokenizer_fp, rewards_logged
 
 

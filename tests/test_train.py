@@ -429,3 +429,18 @@ def test_resume_between_refreshes_is_exact(toy_data, tmp_path, monkeypatch):
 def test_refresh_every_needs_bootstrapped_targets(toy_data, tmp_path, capsys):
     assert train(tmp_path / "mc", toy_data, **{"targets.refresh_every": 4}) == 2
     assert "targets.refresh_every=4 needs targets.values_from=critic" in capsys.readouterr().err
+
+
+def test_start_up_says_the_schedule_in_passes(toy_data, tmp_path, capsys):
+    """The start-up line's steps per pass is where train/epoch turns over, and max_steps / it the passes."""
+    import re
+
+    assert train(tmp_path / "run", toy_data, **{"data.max_tokens": 512, "checkpoint.save_every": 0}) == 0
+    per_pass, per_step, steps, passes = re.search(
+        r"schedule: a pass over the training rollouts is (\d+) steps of about ([\d.]+) rollouts; "
+        r"train.max_steps=(\d+) is ([\d.]+) passes", capsys.readouterr().err).groups()
+    epochs = {r["step"]: r["train/epoch"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")
+              if "train/epoch" in r}
+    assert int(per_pass) == max(s for s, e in epochs.items() if e == 0) < int(steps) == max(epochs)
+    assert float(passes) == pytest.approx(int(steps) / int(per_pass), abs=0.05)
+    assert 1.0 < float(per_step) * int(per_pass) <= 240  # rollouts of a pass: at most the toy set's 240
