@@ -69,6 +69,16 @@ def test_report_on_synthetic_metrics(tmp_path, capsys):
     assert "| best val loss | 70 | 0.2 | 0.8 | 0.02 |" in text
     assert "val loss at step 40" in text and "Over-training" in text
     assert "Checkpoints: none" in text
+    assert "no earlier checkpoint with an evaluation was kept: train again to train.max_steps=70" in text
+
+
+def test_overtraining_names_the_earlier_saved_step(tmp_path, monkeypatch):
+    """With step_70 (the best val loss) kept next to step_100, report.md points at it."""
+    from critic_pretrain import checkpoint
+    run = synthetic_run(tmp_path)
+    monkeypatch.setattr(checkpoint, "find_checkpoints", lambda path: {70: run / "step_70", 100: run / "step_100"})
+    _, text = report.write_report([run], tmp_path / "rep", evaluate=False)
+    assert "Over-training" in text and "prefer step_70." in text
 
 
 def test_report_overlays_runs_and_extra_calibration(tmp_path):

@@ -168,7 +168,7 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
     if target == "nemo-rl":
         lines = ["# NeMo-RL PPO config: warm-start the critic from this seed",
                  "ppo:", f"  warm_start_value_checkpoint: {loc}",
-                 "  policy_training_start_step: 0   # the critic is already warm: no critic-only steps",
+                 "  policy_training_start_step: 0   # warm-started from this seed: no critic-only steps",
                  "  adv_estimator:", "    name: gae", f"    gae_gamma: {gamma:g}          # as the critic was trained",
                  f"    gae_lambda_value: {lam:g}   # the critic's lambda (decoupled from the actor's gae_lambda)",
                  *nemo_rl_reward_scaling(facts.get("targets")), "value:"]
@@ -190,7 +190,7 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
     if target == "verl":
         return ["# verl PPO config (critic.model.path loads AutoModelForTokenClassification, num_labels=1)",
                 f"critic.model.path: {loc}",
-                "trainer.critic_warmup: 0          # the critic is already warm",
+                "trainer.critic_warmup: 0          # warm-started from this seed",
                 "algorithm.adv_estimator: gae", f"algorithm.gamma: {gamma:g}",
                 f"algorithm.lam: {_shared_lambda(t)[0]}              # verl: {_shared_lambda(t)[1]}",
                 *_plain_reward_note(t, "verl has no reward-scaling option: make the reward function return it")]
@@ -202,7 +202,7 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
                  "--advantage_estimator gae           # newer: --algo.advantage.estimator gae",
                  f"--gamma {gamma:g} --lambd {_shared_lambda(t)[0]}           # newer: --algo.advantage.gamma "
                  f"{gamma:g} --algo.advantage.lambd; {_shared_lambda(t)[1]}",
-                 "# leave --freezing_actor_steps / --critic.freezing_steps unset: the critic is already warm"]
+                 "# leave --freezing_actor_steps / --critic.freezing_steps unset: warm-started from this seed"]
         if norm:
             lines.append("--normalize_reward                  # newer: --reward.normalize_enable; applies the folded "
                          "head bias (config.json mean/std), see the note above")
@@ -228,7 +228,7 @@ def _roll_lines(loc: str, t: dict) -> list[str]:
             "critic:", "  model_args:", f"    model_name_or_path: {loc}", "    model_type: trl",
             "adv_estimator: gae", f"gamma: {t.get('gamma', 1.0):g}",
             f"lambd: {_shared_lambda(t)[0]}              # ROLL: {_shared_lambda(t)[1]}",
-            "critic_warmup: 0          # the critic is already warm",
+            "critic_warmup: 0          # warm-started from this seed",
             *_plain_reward_note(t, "ROLL's reward_clip and norm_mean_type/norm_std_type are not affine maps of the "
                                    "reward: make the reward function return that scale")]
 

@@ -208,7 +208,10 @@ def runs_markdown(summaries: list[RunSummary]) -> str:
         if s.overtrained:
             lines.append(f"- Over-training: the final val loss ({_fmt(s.final.get('val/loss'))}) is above its best "
                          f"({_fmt(s.best_loss[1])} at step {s.best_loss[0]}) by more than {PLATEAU_TOL:.0%} of the "
-                         "improvement; prefer an earlier checkpoint.")
+                         "improvement; " + (f"prefer step_{s.pick}." if s.pick is not None and s.pick < s.final["step"]
+                                            else "no earlier checkpoint with an evaluation was kept: train again "
+                                                 f"to train.max_steps={s.best_loss[0]} in a new output_dir, or keep "
+                                                 "more (checkpoint.keep_last, checkpoint.save_every)."))
         saved = ", ".join(f"step_{n}" for n in s.checkpoints) or "none"
         pick = (f"step_{s.pick} (lowest val loss among saved steps with an evaluation)" if s.pick is not None
                 else "none of the saved steps has an evaluation at the same step")
