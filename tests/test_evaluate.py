@@ -249,18 +249,22 @@ def test_eval_cli_on_other_rollouts_default_out(run_dir, toy_data, capsys):
     assert 0 < ev["metrics"]["eval/valid_tokens"] and ev["data"]["tokens"] > 600  # capped evaluation
 
 
-@pytest.mark.parametrize("case", ["missing", "file", "not_checkpoint", "bad_rollouts", "bad_flag", "bad_device"])
+@pytest.mark.parametrize("case", ["missing", "missing_step", "file", "not_checkpoint", "bad_rollouts", "bad_flag",
+                                  "bad_device"])
 def test_eval_cli_errors_are_one_line(run_dir, tmp_path, capsys, case):
     step = run_dir / "step_8"
     (tmp_path / "f.txt").write_text("x")
     (tmp_path / "step_3").mkdir()
-    argv = {"missing": [str(tmp_path / "nope")], "file": [str(tmp_path / "f.txt")],
+    argv = {"missing": [str(tmp_path / "nope")], "missing_step": [str(run_dir / "step_999")],
+            "file": [str(tmp_path / "f.txt")],
             "not_checkpoint": [str(tmp_path / "step_3")],
             "bad_rollouts": [str(step), "--rollouts", str(tmp_path / "none.parquet")],
             "bad_flag": [str(step), "--max-tokens", "0"], "bad_device": [str(step), "--device", "gpu0"]}[case]
     assert cli.main(["eval", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
-    assert {"missing": "no such checkpoint folder", "file": "not a folder",
+    saved = ", ".join(sorted((d.name for d in run_dir.glob("step_*")), key=lambda n: int(n[5:])))
+    assert {"missing": "no such checkpoint folder", "missing_step": f"has no 'step_999'; its checkpoints: {saved})",
+            "file": "not a folder",
             "not_checkpoint": "not a complete critic-pretrain checkpoint", "bad_rollouts": "no such file",
             "bad_flag": "--max-tokens 0 must be > 0", "bad_device": "not a torch device"}[case] in err

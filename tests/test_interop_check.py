@@ -124,11 +124,17 @@ def test_empty_path(capsys):
                            "runs/critic/step_370 (NeMo-RL rejects an empty ppo.warm_start_value_checkpoint too)"]
 
 
+def saved_steps(run: Path) -> str:
+    return ", ".join(sorted((d.name for d in run.glob("step_*")), key=lambda n: int(n.removeprefix("step_"))))
+
+
 def test_typo_path_suggests_the_close_name(seed, capsys):
     rc, _, err = check(capsys, seed.parent / "step_44")
     assert rc == 1
-    assert errors(err) == [f"error: {seed.parent / 'step_44'} does not exist (did you mean {seed}?); "
-                           "pass an existing step_<n> folder"]
+    assert errors(err) == [f"error: {seed.parent / 'step_44'} does not exist ({seed.parent} has no 'step_44'; its "
+                           f"checkpoints: {saved_steps(seed.parent)}); pass an existing step_<n> folder"]
+    rc, _, err = check(capsys, seed.parent.parent / (seed.parent.name + "x") / seed.name)
+    assert errors(err)[0].endswith(f"does not exist (did you mean {seed}?); pass an existing step_<n> folder")
 
 
 def test_run_folder_names_the_newest_step(seed, capsys):
@@ -341,8 +347,8 @@ def test_cli_subprocess_exit_code_and_one_line(run, tmp_path):
     res = subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "seed", "check", str(run / "step_9")],
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 1
-    assert errors(res.stderr) == [f"error: {run / 'step_9'} does not exist (did you mean {run / 'step_4'}?); pass an "
-                                  "existing step_<n> folder"]
+    assert errors(res.stderr) == [f"error: {run / 'step_9'} does not exist ({run} has no 'step_9'; its checkpoints: "
+                                  f"{saved_steps(run)}); pass an existing step_<n> folder"]
     assert "Traceback" not in res.stderr
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from rollouts import fileio
 
-from ..errors import UserError, require
+from ..errors import UserError, closest, require
 
 log = logging.getLogger(__name__)
 
@@ -285,3 +285,27 @@ def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path
             return d
         log.warning("not resuming from %s: %s; trying the previous checkpoint", d, problem)
     return None
+
+
+def missing_path_hint(p: Path) -> str:
+    """For a checkpoint path that does not exist: a missing ``step_<n>`` in a run folder gets the
+    steps it has; another misspelt component gets 'did you mean X?'; else which ancestor exists
+    ('' if none does)."""
+    parts = p.parts
+    for i in range(len(parts) - 1, 0, -1):
+        parent = Path(*parts[:i])
+        if parent.is_dir():
+            missing = parts[i]
+            if step_number(Path(missing)) is not None:
+                logging.disable(logging.WARNING)  # find_checkpoints logs every broken folder; not the point here
+                try:
+                    steps = find_checkpoints(parent)
+                finally:
+                    logging.disable(logging.NOTSET)
+                if steps:
+                    return f"{parent} has no {missing!r}; its checkpoints: {', '.join(f'step_{n}' for n in steps)}"
+            close = closest(missing, (d.name for d in parent.iterdir() if d.is_dir()))
+            if close:
+                return f"did you mean {Path(parent, close, *parts[i + 1:])}?"
+            return f"{parent} exists but has no {missing!r}"
+    return ""

@@ -87,7 +87,9 @@ def checked_step_dir(path: str) -> Path:
 
     step_dir = Path(path)
     if not step_dir.exists():
-        raise UserError(f"{path}: no such checkpoint folder; pass a step_<n> folder of a critic-pretrain run")
+        hint = ckpt.missing_path_hint(step_dir)
+        raise UserError(f"{path}: no such checkpoint folder{f' ({hint})' if hint else ''}; pass a step_<n> folder "
+                        "of a critic-pretrain run")
     if not step_dir.is_dir():
         raise UserError(f"{path}: not a folder; pass a step_<n> folder of a critic-pretrain run")
     problem = ckpt.verify(step_dir, content=True)

@@ -38,7 +38,7 @@ from rollouts.tokenizer import differences, fingerprint_of
 
 from .. import checkpoint as ckpt
 from .. import preflight
-from ..errors import UserError, closest, first_line
+from ..errors import UserError, first_line
 from .frameworks import BIASED_TARGETS, FRAMEWORKS, HEAD, TARGETS
 from .seed_report import SeedReport
 from .seed_weights import (
@@ -229,7 +229,7 @@ def _resolve(report: SeedReport, raw: str | Path | None) -> Path | None:
         return None
     p = Path(text).expanduser()
     if not p.exists():
-        hint = _did_you_mean(p)
+        hint = ckpt.missing_path_hint(p)
         report.fail("path", f"{p} does not exist{f' ({hint})' if hint else ''}; pass an existing step_<n> folder")
         return None
     if not p.is_dir():
@@ -272,20 +272,6 @@ def _newest_step(run_dir: Path) -> Path | None:
     finally:
         logging.disable(logging.NOTSET)
     return found[max(found)] if found else None
-
-
-def _did_you_mean(p: Path) -> str:
-    """'did you mean X?' for a misspelt component, or which ancestor exists ('' if none)."""
-    parts = p.parts
-    for i in range(len(parts) - 1, 0, -1):
-        parent = Path(*parts[:i])
-        if parent.is_dir():
-            missing = parts[i]
-            close = closest(missing, (d.name for d in parent.iterdir() if d.is_dir()))
-            if close:
-                return f"did you mean {Path(parent, close, *parts[i + 1:])}?"
-            return f"{parent} exists but has no {missing!r}"
-    return ""
 
 
 # ---------------------------------------------------------------------------------------------
