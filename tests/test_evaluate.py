@@ -230,7 +230,7 @@ def test_eval_cli_on_validation_split_matches_training(run_dir, tmp_path, capsys
     ev = json.loads(out.read_text())
     assert {"checkpoint", "data", "metrics", "buckets", "calibration", "calibration_grid", "device"} <= ev.keys()
     assert ev["checkpoint"]["step"] == 8 and ev["checkpoint"]["targets"]["gamma"] == 1.0
-    assert ev["data"]["split"] == "validation split of the run (held-out prompts)" and ev["data"]["rows"] > 0
+    assert ev["data"]["split"] == "validation split of the run (prompts it never trained on)" and ev["data"]["rows"] > 0
     assert [b["bucket"] for b in ev["buckets"]["position"]] == ["q1", "q2", "q3", "q4"]
     assert [b["bucket"] for b in ev["buckets"]["turn"]] == ["1", "2", "3", "4plus"]
     assert 1 <= len(ev["calibration"]) <= 10

@@ -367,11 +367,11 @@ def verdict_of(call: str, regime: str, est: float = 0.2) -> dict:
       "eval/adv_corr_first_grpo": 0.47}, [], False,
      "correlate 0.380 with the true ones at turn-first tokens, no better than the group mean return as a constant "
      "value (0.550, by more than two standard errors over"),
-    # without an oracle PPO's regime (fresh responses to trained prompts, listed first) decides
-    ({}, [verdict_of("helps", "fresh"), verdict_of("no better than the group mean", "new", -0.1)], True, None),
-    ({}, [verdict_of("no better than the group mean", "fresh", -0.1), verdict_of("helps", "new")], False,
-     "fresh: no better than the group mean (EV over the group mean -0.100)"),
-    ({}, [verdict_of("unknown", "fresh"), verdict_of("harmful", "new", -0.5)], False, "new: harmful"),
+    # without an oracle PPO's regime (fresh responses to trained prompts) decides, wherever it is listed
+    ({}, [verdict_of("no better than the group mean", "prompt", -0.1), verdict_of("helps", "response")], True, None),
+    ({}, [verdict_of("helps", "prompt"), verdict_of("no better than the group mean", "response", -0.1)], False,
+     "response: no better than the group mean (EV over the group mean -0.100)"),
+    ({}, [verdict_of("harmful", "prompt", -0.5), verdict_of("unknown", "response")], False, "prompt: harmful"),
 ])
 def test_quality_rule(seed, capsys, monkeypatch, metrics, regimes, ok, words):
     import critic_pretrain.eval.from_checkpoint as evaluate
@@ -379,7 +379,7 @@ def test_quality_rule(seed, capsys, monkeypatch, metrics, regimes, ok, words):
     calls = []
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda step, rollouts, **kw: calls.append(
         (step, rollouts, kw)) or {"metrics": {"eval/explained_variance": 0.3, **metrics}, "data": {"rows": 64},
-                                  "regimes": [{"rows": 32, "verdict": v} for v in regimes]})
+                                  "regimes": [{"rows": 32, "regime": v["regime"], "verdict": v} for v in regimes]})
     rc, out, err = check(capsys, seed, "--rollouts", "newer/")
     assert calls == [(seed.resolve(), ["newer/"], {"cold_every": 0, "leave_out_trained": True})]
     assert rc == (0 if ok else 1)
@@ -397,7 +397,7 @@ def test_quality_without_a_baseline_warns(seed, capsys, monkeypatch):
 
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **kw: {
         "metrics": {"eval/explained_variance": 0.3}, "data": {"rows": 9},
-        "regimes": [{"rows": 9, "verdict": verdict_of("unknown", "fresh")}]})
+        "regimes": [{"rows": 9, "regime": "response", "verdict": verdict_of("unknown", "response")}]})
     rc, _, err = check(capsys, seed, "--rollouts", "x/")
     assert rc == 0 and "too few prompts with two or more responses to judge the critic" in err
     assert "(its explained variance: 0.300)" in err

@@ -84,7 +84,7 @@ def test_page_values_advantages_and_text_are_the_checkpoints(world):
     page = values_page(step, "run", 6, device="cpu")
     assert len(page.rollouts) == 6 and page.decoded.startswith("decoded with the checkpoint's tokenizer")
     regimes = [r.regime for r in page.rollouts]                            # 3 of each, val/ first
-    assert regimes == ["held-out prompts"] * 3 + ["held-out responses of trained prompts"] * 3
+    assert regimes == ["prompts it never trained on"] * 3 + ["fresh responses to prompts it trained on"] * 3
     by_ids = {tuple(r["input_ids"]): r for r in table}
     model = load_checkpoint_model(step, load_config(ckpt.StepPaths(step).config_yaml), torch.device("cpu"))
     for r in page.rollouts:
@@ -122,7 +122,7 @@ def test_pick_rows_spreads_over_returns_and_prefers_audited():
 
 def test_html_escapes_text_and_shows_every_token():
     nasty = ['<script>alert("x")</script>', 'a & b', '"q"', "\n"]
-    r = PageRollout("held-out prompts", "<g>", 3, "", [5, 6, 7, 8], nasty, ["p<", "", "", ""],
+    r = PageRollout("prompts it never trained on", "<g>", 3, "", [5, 6, 7, 8], nasty, ["p<", "", "", ""],
                     [False, True, True, True], [0.0, 0.1, 0.5, 0.9], [math.nan, 0.4, 0.4, 0.1],
                     [0.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0], 1.0, math.nan, 4,
                     cuts={2: {"mc": 0.5, "mc_se": None, "critic": 0.5, "samples": 2}})

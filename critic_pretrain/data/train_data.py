@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 
 
 
-REGIMES = {"prompt": "held-out prompts", "response": "held-out responses of trained prompts"}
-"""The two validation regimes (``data.val_split``), as reports name them."""
+REGIMES = {"prompt": "prompts it never trained on", "response": "fresh responses to prompts it trained on"}
+"""The two held-out regimes (``data.val_split``; ``eval`` and ``seed check`` split other rollouts by
+the same rule), as every report names them (docs/warm.md, *Should I use this seed?*)."""
 
 
 @dataclass(frozen=True)

@@ -202,9 +202,8 @@ def _regimes(part: Held, result, step_dir: Path) -> list[dict]:
     seen = np.isin(part.store.row_hashes(prompt_only=True)[rows], trained["prompts"])
     known = np.isin(part.store.row_hashes()[rows], trained["rollouts"])
     out = []
-    for regime, mask in (("response", seen & ~known), ("prompt", ~seen & ~known)):
-        label = {"response": "fresh responses to prompts it trained on",
-                 "prompt": "prompts it never trained on"}[regime]
+    for regime, mask in (("prompt", ~seen & ~known), ("response", seen & ~known)):  # REGIMES' order
+        label = REGIMES[regime]
         out.append({"regime": regime, "label": label, "prefix": part.prefix, "rows": int(mask.sum()),
                     "trained_on_left_out": int(known.sum()), "verdict": _verdict_json(result.judge_rows(mask), label)})
     return out

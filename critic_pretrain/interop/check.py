@@ -174,7 +174,9 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
     q = {"rollouts": list(rollouts), "rows": ev["data"]["rows"], "explained_variance": m.get("eval/explained_variance"),
          "ev_group_mean": m.get("eval/ev_group_mean"), "verdicts": [v["line"] for v in verdicts]}
     where = f"on {ev['data']['rows']} rollouts of {', '.join(rollouts)}"
-    decisive = next((v for v in verdicts if v["call"] != "unknown"), None)   # PPO's regime comes first
+    # PPO's regime (fresh responses to trained prompts) decides when it has a call; else new prompts
+    ranked = sorted((r for r in ev.get("regimes") or [] if r["rows"]), key=lambda r: r["regime"] != "response")
+    decisive = next((r["verdict"] for r in ranked if r["verdict"]["call"] != "unknown"), None)
     oracle = oracle_rule(ev)
     if oracle is not None:
         critic, control = oracle["critic"], oracle["group_mean"]
