@@ -281,7 +281,14 @@ class TrainConfig:
     max_steps: int = 100
     """Optimizer steps to run in total (a resumed run stops at the same step)."""
     grad_accum: int = 1
-    """Micro-batches per optimizer step per device."""
+    """Micro-batches per optimizer step per device (replaced when `rollouts_per_step` is set)."""
+    rollouts_per_step: int | None = None
+    """Size the optimizer step in rollouts, not tokens: `grad_accum` becomes the fewest micro-batches
+    per device whose step holds at least this many rollouts on average over the first pass,
+    ceil(N / (devices x mean rollouts per micro-batch)), fixed for the run (a resume keeps the
+    checkpoint's micro-batches per step) and written into its resolved config. Long rollouts pack
+    1-2 per `data.max_tokens` micro-batch, and steps of 2 rollouts learned ~10x slower per rollout
+    than steps of 13 (docs/warm.md, *When the critic learns nothing*). null: `grad_accum` as set."""
     grad_clip: float | None = 1.0
     """Clip the global gradient norm to this (None: no clipping, norm still logged)."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
@@ -330,6 +337,8 @@ class TrainConfig:
         need(self.progress_every_s >= 0, f"train.progress_every_s={self.progress_every_s} must be >= 0")
         need(self.max_steps > 0, "train.max_steps must be > 0")
         need(self.grad_accum > 0, "train.grad_accum must be > 0")
+        need(self.rollouts_per_step is None or self.rollouts_per_step > 0,
+             f"train.rollouts_per_step={self.rollouts_per_step} must be > 0, or null to use train.grad_accum")
         need(self.grad_clip is None or self.grad_clip > 0, "train.grad_clip must be > 0 or null")
         need(self.log_every > 0, "train.log_every must be > 0")
         need(self.freeze_backbone_steps >= 0, "train.freeze_backbone_steps must be >= 0")

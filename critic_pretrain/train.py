@@ -33,6 +33,7 @@ from critic_pretrain.config import Config
 from critic_pretrain.data import (
     Layout,
     TrainData,
+    accum_for_rollouts,
     build_train_data,
     loader,
     plan_epoch,
@@ -136,13 +137,16 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     if lock is not None and cleanup is not None:
         cleanup.callback(lock.close)
     resume_dir, config_changes, data_changes = resume_point(cfg, layout)
+    if resume_dir is not None and cfg.train.rollouts_per_step:  # the run keeps the micro-batches it began with
+        layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
     if accelerator.is_main_process:
         write_config(cfg, out)
     from accelerate.utils import set_seed
     set_seed(cfg.seed)
 
     hf_config = build_config(cfg.model)  # before the data: a model we cannot train fails in seconds
-    data, tokenizer, tokenizer_fp, rewards_logged = prepare_data(cfg, accelerator, hf_config, layout, resume_dir)
+    data, tokenizer, tokenizer_fp, rewards_logged, layout = prepare_data(cfg, accelerator, hf_config, layout,
+                                                                         resume_dir)
     model = make_model(cfg, hf_config, data, resume_dir, accelerator.device, mp, layout)
     model, optimizer, scheduler = place_and_optimize(cfg, model, accelerator)
     state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout) if resume_dir else TrainState()
@@ -196,6 +200,9 @@ def resume_point(cfg: Config, layout: Layout) -> tuple[Path | None, list, list]:
         return None, [], []
     log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
     config_changes = resume.check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
+    if cfg.train.rollouts_per_step:  # resolved when the run began: keep its micro-batches per step
+        cfg.train.grad_accum = resume.resumed_grad_accum(resume_dir, layout.world) or cfg.train.grad_accum
+        layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
     resume.check_layout(resume_dir, layout)
     return resume_dir, config_changes, resume.check_data_changes(resume_dir, cfg.data)
 
@@ -209,7 +216,8 @@ def write_config(cfg: Config, out: Path) -> None:
 
 
 def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir: Path | None):
-    """(TrainData, tokenizer, its fingerprint, what the archives say of their rewards), with the
+    """(TrainData, tokenizer, its fingerprint, what the archives say of their rewards, the layout
+    with ``train.rollouts_per_step`` resolved into grad_accum on a fresh start), with the
     refusals that need the data: another tokenizer, mixed reward scales, no validation for a
     feature that needs it, a moved split, too little data for one step."""
     tokenizer = _load_tokenizer(cfg)
@@ -231,6 +239,16 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     if resume_dir is not None:
         preflight.check_split_unchanged(resume_dir, ckpt.Manifest.read(resume_dir), cfg,
                                         len(data.train_idx), len(data.val_idx))
+    if cfg.train.rollouts_per_step and resume_dir is None:
+        given = cfg.train.grad_accum
+        cfg.train.grad_accum = accum_for_rollouts(*data.epoch(cfg.seed, 0), seed=cfg.seed, data=cfg.data,
+                                                  world=layout.world, rollouts=cfg.train.rollouts_per_step)
+        layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
+        log.info("train.rollouts_per_step=%d: train.grad_accum=%d%s (the resolved config records it)",
+                 cfg.train.rollouts_per_step, cfg.train.grad_accum, f", not the {given} given" if given not in
+                 (1, cfg.train.grad_accum) else "")
+        if accelerator.is_main_process:
+            write_config(cfg, Path(cfg.output_dir))
     first = plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout)
     if not first:
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
@@ -242,7 +260,7 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     log.info("schedule: a pass over the training rollouts is %d steps of about %.1f rollouts; train.max_steps=%d "
              "is %.1f passes", steps_per_pass, rows / steps_per_pass, cfg.train.max_steps,
              cfg.train.max_steps / steps_per_pass)
-    return data, tokenizer, tokenizer_fp, rewards_logged
+    return data, tokenizer, tokenizer_fp, rewards_logged, layout
 
 
 def make_model(cfg: Config, hf_config, data: TrainData, resume_dir: Path | None, device, mp: str, layout: Layout):

@@ -444,3 +444,36 @@ def test_start_up_says_the_schedule_in_passes(toy_data, tmp_path, capsys):
     assert int(per_pass) == max(s for s, e in epochs.items() if e == 0) < int(steps) == max(epochs)
     assert float(passes) == pytest.approx(int(steps) / int(per_pass), abs=0.05)
     assert 1.0 < float(per_step) * int(per_pass) <= 240  # rollouts of a pass: at most the toy set's 240
+
+
+def test_rollouts_per_step_sizes_grad_accum_and_a_resume_keeps_it(toy_data, tmp_path):
+    """train.rollouts_per_step: the fewest micro-batches per step that average at least N rollouts
+    (checked against the rollouts the run consumed, and one micro-batch fewer falls short); the
+    resolved value is in the checkpoint's config, and a resume keeps the checkpoint's value."""
+    import yaml
+
+    out, n = tmp_path / "run", 30
+    extra = {"data.max_tokens": 256, "train.rollouts_per_step": n, "train.max_steps": 6, "checkpoint.save_every": 2,
+             "checkpoint.keep_last": 3}
+    assert train(out, toy_data, **extra) == 0
+    accum = yaml.safe_load((out / "step_6" / "config.yaml").read_text())["train"]["grad_accum"]
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["grad_accum"] == accum > 1
+    per_step = max(r["train/consumed_samples"] for r in read_metrics(out / "metrics.jsonl")
+                   if "train/consumed_samples" in r) / 6
+    per_micro = per_step / accum
+    assert per_micro * accum >= n - 2 and per_micro * (accum - 1) < n  # within one pass's spread of the mean
+    # a resume keeps the checkpoint's micro-batches per step, whatever a fresh resolution would give:
+    # step_4 is edited to say it began with one more (its manifest entry rewritten as save writes it)
+    shutil.rmtree(out / "step_6")
+    cfg_file, manifest_file = out / "step_4" / "config.yaml", out / "step_4" / ckpt.MANIFEST
+    saved = yaml.safe_load(cfg_file.read_text())
+    saved["train"]["grad_accum"] = accum + 1
+    cfg_file.write_text(yaml.safe_dump(saved, sort_keys=False))
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"]["config.yaml"] = {"size": cfg_file.stat().st_size, ckpt.CHECKSUM: ckpt.file_checksum(cfg_file)}
+    manifest_file.write_text(json.dumps(manifest))
+    assert train(out, toy_data, **extra) == 0
+    assert yaml.safe_load((out / "step_6" / "config.yaml").read_text())["train"]["grad_accum"] == accum + 1
+    consumed = {r["step"]: r["train/consumed_samples"] for r in read_metrics(out / "metrics.jsonl")
+                if "train/consumed_samples" in r}
+    assert consumed[6] - consumed[4] > 2 * per_step  # two steps of accum + 1 micro-batches each

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias", "model.dtype", "targets.",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.betas", "optim.eps", "optim.schedule",
                 "optim.warmup_steps", "optim.head_lr", "train.freeze_backbone_steps", "train.max_steps",
+                "train.rollouts_per_step",
                 "train.grad_clip", "data.sources",
                 "data.val_fraction", "data.val_split", "data.max_tokens", "data.max_length", "data.overlong",
                 "data.shuffle",
@@ -103,6 +104,16 @@ def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
                 "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in changes))
     return history + [{"at_step": step_number(step_dir),
                        "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]}]
+
+
+def resumed_grad_accum(step_dir: Path, world: int) -> int | None:
+    """The grad_accum that keeps ``step_dir``'s micro-batches per optimizer step on ``world`` ranks
+    (None: the checkpoint does not say, or ``world`` does not divide them; ``check_layout`` refuses)."""
+    saved_world = getattr(Manifest.read(step_dir), "world_size", None)
+    accum = ((StepPaths(step_dir).read_config() or {}).get("train") or {}).get("grad_accum")
+    if not isinstance(saved_world, int) or not isinstance(accum, int) or (saved_world * accum) % world:
+        return None
+    return saved_world * accum // world
 
 
 def check_layout(step_dir: Path, layout: Layout) -> None:

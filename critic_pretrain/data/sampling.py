@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,6 +133,17 @@ def plan_epoch(indices: np.ndarray, lengths: np.ndarray, *, seed: int, epoch: in
     batches = pack(lengths[perm], data.max_tokens)
     full = len(batches) // layout.per_step * layout.per_step
     return [indices[perm[b]] for b in batches[:full]]
+
+
+def accum_for_rollouts(indices: np.ndarray, lengths: np.ndarray, *, seed: int, data: DataConfig, world: int,
+                       rollouts: int) -> int:
+    """The fewest micro-batches per rank (grad_accum) whose optimizer step holds at least ``rollouts``
+    rollouts on average over the first pass: ceil(rollouts / (world x mean rollouts per micro-batch))."""
+    plan = plan_epoch(indices, lengths, seed=seed, epoch=0, data=data, layout=Layout(world, 0, 1))
+    if not plan:
+        return 1  # too little data for one step: the caller's own check says so
+    per_micro = sum(len(mb) for mb in plan) / len(plan)
+    return max(1, math.ceil(rollouts / (world * per_micro) - 1e-9))
 
 
 def step_batches(plan: list[np.ndarray], step_in_epoch: int, layout: Layout) -> list[np.ndarray]:
