@@ -47,7 +47,9 @@ HELDOUT = ("reveal", "long", "dense")
 TARGET = 0.6
 """The gap the default recipe must close on every held-out environment (issue 23)."""
 RECIPES: dict[str, tuple[str, list[str]]] = {
-    "default": ("configs/demo.yaml as shipped: TD(0.8) from its own values", []),
+    "default": ("configs/demo.yaml as shipped: TD(0.8) from its own values, steps of >= 12 rollouts", []),
+    "token-steps": ("the default with steps of one micro-batch (no train.rollouts_per_step): ~2 rollouts per step on "
+                    "long, the same runs as the default elsewhere", ["train.rollouts_per_step=null"]),
     "mc": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none"]),
     "td0.95": ("TD(0.95)", ["targets.lam=0.95"]),
     "refresh50": ("TD(0.8) from a target network refreshed every 50 steps", ["targets.refresh_every=50"]),
