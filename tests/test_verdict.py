@@ -156,6 +156,19 @@ def test_measures_match_python_loops(synth_store):
     assert result.metrics["val/verdict"] == verdict.CALLS[v.call]
 
 
+def test_rollouts_cut_inside_the_prompt_add_nothing(synth_store):
+    """A micro-batch whose rollouts are all cut before their first policy token (a small
+    max_length) has no policy columns: its rows' sums are zero, not an index error."""
+    from critic_pretrain.data import collate_packed
+
+    store, _ = synth_store
+    batch = collate_packed(store, np.arange(4), 3)   # 3 tokens: BOS and the prompt's first tokens only
+    assert batch.policy_rows().mask.shape == (4, 0)
+    out = verdict.row_sums(torch.ones(1, batch.input_ids.shape[1]), batch, torch.zeros(4),
+                           torch.ones(4, dtype=torch.bool))
+    assert out.shape == (4, verdict.N_FIELDS) and not out[:, :verdict.MEASURED].any()
+
+
 def test_bootstrap_is_a_resample_of_prompts(synth_store):
     """The interval is the percentile interval of the measure recomputed on prompts drawn with
     replacement (the same draws, redone on the rollouts by hand)."""

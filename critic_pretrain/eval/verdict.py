@@ -105,9 +105,10 @@ def row_sums(values: torch.Tensor, batch: PackedBatch, baseline: torch.Tensor, m
         at = m & (quarter == q)
         out[:, Q_SUM + q] = (V * at).sum(1)
         out[:, Q_COUNT + q] = at.sum(1)
-    last = (n_policy[:, 0] - 1).clamp_min(0)
-    out[:, V_LAST] = V.gather(1, last[:, None])[:, 0] * measured
-    out[:, V_FIRST] = V[:, 0] * measured if V.shape[1] else 0.0
+    if V.shape[1]:  # W == 0: no rollout of the micro-batch keeps a policy token (all cut inside the prompt)
+        last = (n_policy[:, 0] - 1).clamp_min(0)
+        out[:, V_LAST] = V.gather(1, last[:, None])[:, 0] * measured
+        out[:, V_FIRST] = V[:, 0] * measured
     out[:, MEASURED] = measured.double()
     return out
 
