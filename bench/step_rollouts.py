@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from recipe_envs import CONFIG, HELDOUT_ROWS, HELDOUT_SEED, TRAIN_ROWS, archive, replace_block, score  # noqa: E402
+from recipe_envs import CONFIG, HELDOUT_ROWS, HELDOUT_SEED, TRAIN_ROWS, archive, score  # noqa: E402
 
 NUMBERS = ROOT / "bench" / "step_rollouts.json"
 DOC = ROOT / "docs" / "warm.md"
@@ -84,8 +84,8 @@ def render(n: dict) -> str:
                     "steps of different sizes; scored on "
                     f"{HELDOUT_ROWS:,} fresh rollouts (seed {HELDOUT_SEED}) like bench/recipes.md: the share of the "
                     "gap from the prompt-only value to exact values that its GAE(0.95) advantages close.", "",
-             "| arm | what | steps | micro-batches per step | rollouts per step | rollouts seen | val EV / ceiling "
-             "| gap closed |", "|---|---|---|---|---|---|---|---|"]
+             "| arm | what | steps | micro-batches per step | rollouts per step | rollouts seen "
+             "| EV on fresh rollouts / ceiling | gap closed |", "|---|---|---|---|---|---|---|---|"]
     for arm, (what, steps, _) in ARMS.items():
         r = n.get(arm)
         if r is None:
@@ -94,6 +94,13 @@ def render(n: dict) -> str:
                      f"{r['rollouts_seen']:,} | {r['ev']:.3f} / {r['ev_ceiling']:.3f} | "
                      f"{r['all']['gap_closed']:.0%} |")
     return "\n".join([*lines, END])
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with its step-rollouts block replaced (the markers must be there: docs/warm.md
+    places them in *When the critic learns nothing*)."""
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return text[:start] + block + text[end:]
 
 
 def main() -> None:

@@ -48,7 +48,8 @@ def _script(name: str):
     return module
 
 
-@pytest.mark.parametrize("name", ["real_critic", "ppo_warm", "synth_envs"])
+@pytest.mark.parametrize("name", ["real_critic", "ppo_warm", "synth_envs", "recipe_envs", "step_rollouts",
+                                  "verdict_proof"])
 def test_generated_blocks_are_rendered_from_the_recorded_numbers(name):
     """The real-rollout numbers (bench/real_critic.py) and the PPO arms (bench/ppo_warm.py) in
     docs/warm.md, the environments' table (bench/synth_envs.py) in docs/synth.md: each is the
