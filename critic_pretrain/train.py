@@ -70,6 +70,9 @@ from rollouts.tokenizer import fingerprint
 
 log = logging.getLogger("critic_pretrain")
 
+FEW_ROLLOUTS_PER_STEP = 4
+"""Below this many rollouts per optimizer step the start-up warns (bench/step_rollouts.py)."""
+
 
 @dataclass
 class TrainState:
@@ -260,6 +263,10 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     log.info("schedule: a pass over the training rollouts is %d steps of about %.1f rollouts; train.max_steps=%d "
              "is %.1f passes", steps_per_pass, rows / steps_per_pass, cfg.train.max_steps,
              cfg.train.max_steps / steps_per_pass)
+    if rows / steps_per_pass < FEW_ROLLOUTS_PER_STEP:
+        log.warning("steps of about %.1f rollouts: on the synthetic environments steps of ~2 learned nothing where "
+                    "steps of 12+ learned (docs/warm.md, *When the critic learns nothing*); set "
+                    "train.rollouts_per_step (e.g. 12) to accumulate micro-batches", rows / steps_per_pass)
     return data, tokenizer, tokenizer_fp, rewards_logged, layout
 
 

@@ -477,3 +477,20 @@ def test_rollouts_per_step_sizes_grad_accum_and_a_resume_keeps_it(toy_data, tmp_
     consumed = {r["step"]: r["train/consumed_samples"] for r in read_metrics(out / "metrics.jsonl")
                 if "train/consumed_samples" in r}
     assert consumed[6] - consumed[4] > 2 * per_step  # two steps of accum + 1 micro-batches each
+
+
+def test_steps_of_few_rollouts_are_warned_about(toy_data, tmp_path, capsys):
+    """One tiny micro-batch per step (a rollout or two): the start-up warns and names the fix;
+    train.rollouts_per_step silences it by accumulating."""
+    import re
+
+    small = {"data.max_tokens": 48, "train.max_steps": 1, "checkpoint.save_every": 0}
+    assert train(tmp_path / "a", toy_data, **small) == 0
+    err = capsys.readouterr().err
+    per_step = float(re.search(r"steps of about ([\d.]+) rollouts;", err).group(1))
+    assert per_step < 4 and f"steps of about {per_step:.1f} rollouts: on the synthetic" in err
+    assert "set train.rollouts_per_step" in err
+    assert train(tmp_path / "b", toy_data, **small, **{"train.rollouts_per_step": 8}) == 0
+    err = capsys.readouterr().err
+    assert "rollouts: on the synthetic" not in err and float(re.search(r"steps of about ([\d.]+) rollouts;",
+                                                                       err).group(1)) >= 4
