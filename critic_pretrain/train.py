@@ -36,6 +36,7 @@ from critic_pretrain.data import (
     accum_for_rollouts,
     build_train_data,
     loader,
+    log_schedule,
     plan_epoch,
     step_batches,
 )
@@ -69,10 +70,6 @@ from rollouts import fileio
 from rollouts.tokenizer import fingerprint
 
 log = logging.getLogger("critic_pretrain")
-
-FEW_ROLLOUTS_PER_STEP = 4
-"""Below this many rollouts per optimizer step the start-up warns (bench/step_rollouts.py)."""
-
 
 @dataclass
 class TrainState:
@@ -256,17 +253,7 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     if not first:
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
                         f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
-    # The schedule is counted in steps of a token budget, so long rollouts mean few per step and few
-    # passes: on the synthetic `long` environment 1,200 steps were ~1.5 passes and learned nothing
-    # (docs/warm.md, *When the critic learns nothing*). Say it in passes before any compute is spent.
-    steps_per_pass, rows = len(first) // layout.per_step, sum(len(mb) for mb in first)
-    log.info("schedule: a pass over the training rollouts is %d steps of about %.1f rollouts; train.max_steps=%d "
-             "is %.1f passes", steps_per_pass, rows / steps_per_pass, cfg.train.max_steps,
-             cfg.train.max_steps / steps_per_pass)
-    if rows / steps_per_pass < FEW_ROLLOUTS_PER_STEP:
-        log.warning("steps of about %.1f rollouts: on the synthetic environments steps of ~2 learned nothing where "
-                    "steps of 12+ learned (docs/warm.md, *When the critic learns nothing*); set "
-                    "train.rollouts_per_step (e.g. 12) to accumulate micro-batches", rows / steps_per_pass)
+    log_schedule(first, layout, cfg.train.max_steps)
     return data, tokenizer, tokenizer_fp, rewards_logged, layout
 
 

@@ -28,6 +28,7 @@ from .sampling import (
     Layout,
     accum_for_rollouts,
     effective_lengths,
+    log_schedule,
     max_length_of,
     pack,
     plan_epoch,
@@ -55,5 +56,6 @@ from .train_data import MIN_POLICY_SHARE, REGIMES, TrainData, ValSet, build_trai
 __all__ = ["FILTERS", "MIN_POLICY_SHARE", "STORE_FILE", "STORE_FORMAT", "STORE_META", "STORE_SCHEMA",
     "Layout", "MicroBatches", "RolloutStore", "StoreStats", "TrainData", "build_train_data",
     "check_bad_fraction", "collate_packed", "effective_lengths", "file_manifest", "loader", "max_length_of",
-    "accum_for_rollouts", "pack", "plan_epoch", "prepare_store", "reward_transform", "source_files", "split_by_group",
+    "accum_for_rollouts", "log_schedule", "pack", "plan_epoch", "prepare_store", "reward_transform", "source_files",
+    "split_by_group",
     "split_by_response", "step_batches", "weighted_rows", "with_policy_left", "REGIMES", "ValSet"]

@@ -146,6 +146,24 @@ def accum_for_rollouts(indices: np.ndarray, lengths: np.ndarray, *, seed: int, d
     return max(1, math.ceil(rollouts / (world * per_micro) - 1e-9))
 
 
+FEW_ROLLOUTS_PER_STEP = 4
+"""Below this many rollouts per optimizer step the start-up warns (bench/step_rollouts.py)."""
+
+
+def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int) -> None:
+    """The start-up ``schedule:`` line for the first pass's ``plan``. The schedule is counted in
+    steps of a token budget, so long rollouts mean few per step and few passes: on the synthetic
+    ``long`` environment 1,200 steps held ~2 rollouts each and learned nothing (docs/warm.md,
+    *When the critic learns nothing*). Say it in rollouts and passes before compute is spent."""
+    steps_per_pass, rows = len(plan) // layout.per_step, sum(len(mb) for mb in plan)
+    log.info("schedule: a pass over the training rollouts is %d steps of about %.1f rollouts; train.max_steps=%d "
+             "is %.1f passes", steps_per_pass, rows / steps_per_pass, max_steps, max_steps / steps_per_pass)
+    if rows / steps_per_pass < FEW_ROLLOUTS_PER_STEP:
+        log.warning("steps of about %.1f rollouts: on the synthetic environments steps of ~2 learned nothing where "
+                    "steps of 12+ learned (docs/warm.md, *When the critic learns nothing*); set "
+                    "train.rollouts_per_step (e.g. 12) to accumulate micro-batches", rows / steps_per_pass)
+
+
 def step_batches(plan: list[np.ndarray], step_in_epoch: int, layout: Layout) -> list[np.ndarray]:
     """This rank's micro-batches for one optimizer step: global order a*world + rank."""
     base = step_in_epoch * layout.per_step
