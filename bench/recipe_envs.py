@@ -95,10 +95,9 @@ def steps_of(recipe: str, env: str) -> int:
     return int(yaml.safe_load(CONFIG.read_text())["train"]["max_steps"])
 
 
-def train(work: Path, recipe: str, env: str, data: Path) -> tuple[Path, float | None]:
-    overrides = env_overrides(env) + RECIPES[recipe][1]
-    steps = steps_of(recipe, env)
-    run = work / "runs" / f"{recipe}-{env}"
+def train_run(run: Path, data: Path, steps: int, overrides: list[str]) -> tuple[Path, float | None]:
+    """``run``'s ``step_<steps>`` (configs/demo.yaml with ``overrides`` on ``data``), trained unless
+    it is there (a re-run continues), and the training seconds when this script timed them."""
     timing = run / "train_seconds.txt"
     if not (run / f"step_{steps}").is_dir():
         t0 = time.perf_counter()
@@ -107,6 +106,11 @@ def train(work: Path, recipe: str, env: str, data: Path) -> tuple[Path, float | 
                         "train.on_collapse=warn", *overrides], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         timing.write_text(f"{time.perf_counter() - t0:.1f}\n")
     return run / f"step_{steps}", float(timing.read_text()) if timing.is_file() else None
+
+
+def train(work: Path, recipe: str, env: str, data: Path) -> tuple[Path, float | None]:
+    return train_run(work / "runs" / f"{recipe}-{env}", data, steps_of(recipe, env),
+                     env_overrides(env) + RECIPES[recipe][1])
 
 
 def score(step: Path, heldout: Path) -> dict:

@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from recipe_envs import CONFIG, HELDOUT_ROWS, HELDOUT_SEED, TRAIN_ROWS, archive, score  # noqa: E402
+from recipe_envs import HELDOUT_ROWS, HELDOUT_SEED, TRAIN_ROWS, archive, score, train_run  # noqa: E402
 
 NUMBERS = ROOT / "bench" / "step_rollouts.json"
 DOC = ROOT / "docs" / "warm.md"
@@ -55,15 +53,7 @@ ARMS: dict[str, tuple[str, int, list[str]]] = {
 
 def train(work: Path, arm: str, data: Path) -> tuple[Path, float | None]:
     _, steps, overrides = ARMS[arm]
-    run = work / arm
-    timing = run / "train_seconds.txt"
-    if not (run / f"step_{steps}").is_dir():
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train", "--config", str(CONFIG),
-                        f"output_dir={run}", "train.progress=false", f"data.train=[{data}]",
-                        "train.on_collapse=warn", *overrides], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        timing.write_text(f"{time.perf_counter() - t0:.1f}\n")
-    return run / f"step_{steps}", float(timing.read_text()) if timing.is_file() else None
+    return train_run(work / arm, data, steps, overrides)
 
 
 def shape(run: Path) -> dict:

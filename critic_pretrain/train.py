@@ -71,6 +71,7 @@ from rollouts.tokenizer import fingerprint
 
 log = logging.getLogger("critic_pretrain")
 
+
 @dataclass
 class TrainState:
     """Where training stands; saved in every checkpoint (``resume/state.json``)."""
@@ -136,9 +137,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     lock = ckpt.lock_output_dir(out) if accelerator.is_main_process else None  # one run per output_dir, until exit
     if lock is not None and cleanup is not None:
         cleanup.callback(lock.close)
-    resume_dir, config_changes, data_changes = resume_point(cfg, layout)
-    if resume_dir is not None and cfg.train.rollouts_per_step:  # the run keeps the micro-batches it began with
-        layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
+    resume_dir, layout, config_changes, data_changes = resume_point(cfg, layout)
     if accelerator.is_main_process:
         write_config(cfg, out)
     from accelerate.utils import set_seed
@@ -191,20 +190,21 @@ def make_accelerator(cfg: Config):
     return accelerator, trackers, mp
 
 
-def resume_point(cfg: Config, layout: Layout) -> tuple[Path | None, list, list]:
-    """(the step to resume from or None, accepted config changes, accepted data changes)."""
+def resume_point(cfg: Config, layout: Layout) -> tuple[Path | None, Layout, list, list]:
+    """(the step to resume from or None, the layout to train with, accepted config changes,
+    accepted data changes)."""
     out = Path(cfg.output_dir)
     resume_dir = ckpt.resolve_resume(out, cfg.checkpoint.load_step)
     if resume_dir is None:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
-        return None, [], []
+        return None, layout, [], []
     log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
     config_changes = resume.check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
     if cfg.train.rollouts_per_step:  # resolved when the run began: keep its micro-batches per step
         cfg.train.grad_accum = resume.resumed_grad_accum(resume_dir, layout.world) or cfg.train.grad_accum
         layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
     resume.check_layout(resume_dir, layout)
-    return resume_dir, config_changes, resume.check_data_changes(resume_dir, cfg.data)
+    return resume_dir, layout, config_changes, resume.check_data_changes(resume_dir, cfg.data)
 
 
 def write_config(cfg: Config, out: Path) -> None:

@@ -246,8 +246,9 @@ def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
-def find_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
-    """Complete ``step_<n>`` folders by step. ``tmp_step_*`` and broken folders are left out."""
+def find_checkpoints(output_dir: str | os.PathLike, *, quiet: bool = False) -> dict[int, Path]:
+    """Complete ``step_<n>`` folders by step. ``tmp_step_*`` and broken folders are left out, each
+    logged unless ``quiet`` (a caller whose own message names what it found)."""
     out = {}
     root = Path(output_dir)
     if not root.is_dir():
@@ -259,7 +260,7 @@ def find_checkpoints(output_dir: str | os.PathLike) -> dict[int, Path]:
         problem = verify(d)
         if problem is None:
             out[n] = d
-        else:
+        elif not quiet:
             log.warning("ignoring %s: %s", d, problem)
     return dict(sorted(out.items()))
 
@@ -297,11 +298,7 @@ def missing_path_hint(p: Path) -> str:
         if parent.is_dir():
             missing = parts[i]
             if step_number(Path(missing)) is not None:
-                logging.disable(logging.WARNING)  # find_checkpoints logs every broken folder; not the point here
-                try:
-                    steps = find_checkpoints(parent)
-                finally:
-                    logging.disable(logging.NOTSET)
+                steps = find_checkpoints(parent, quiet=True)
                 if steps:
                     return f"{parent} has no {missing!r}; its checkpoints: {', '.join(f'step_{n}' for n in steps)}"
             close = closest(missing, (d.name for d in parent.iterdir() if d.is_dir()))

@@ -106,24 +106,29 @@ def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
                        "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]}]
 
 
+def saved_layout(step_dir: Path) -> tuple[int, int] | None:
+    """(world size, grad_accum) ``step_dir`` was trained with; None when the checkpoint does not say."""
+    world = getattr(Manifest.read(step_dir), "world_size", None)
+    accum = ((StepPaths(step_dir).read_config() or {}).get("train") or {}).get("grad_accum")
+    return (world, accum) if isinstance(world, int) and isinstance(accum, int) else None
+
+
 def resumed_grad_accum(step_dir: Path, world: int) -> int | None:
     """The grad_accum that keeps ``step_dir``'s micro-batches per optimizer step on ``world`` ranks
     (None: the checkpoint does not say, or ``world`` does not divide them; ``check_layout`` refuses)."""
-    saved_world = getattr(Manifest.read(step_dir), "world_size", None)
-    accum = ((StepPaths(step_dir).read_config() or {}).get("train") or {}).get("grad_accum")
-    if not isinstance(saved_world, int) or not isinstance(accum, int) or (saved_world * accum) % world:
+    saved = saved_layout(step_dir)
+    if saved is None or (saved[0] * saved[1]) % world:
         return None
-    return saved_world * accum // world
+    return saved[0] * saved[1] // world
 
 
 def check_layout(step_dir: Path, layout: Layout) -> None:
     """A resume may change the number of ranks, not the micro-batches of one optimizer step
     (world x grad_accum): the data position counts steps of the same epoch plan."""
-    paths = StepPaths(step_dir)
-    world = getattr(Manifest.read(step_dir), "world_size", None)
-    accum = ((paths.read_config() or {}).get("train") or {}).get("grad_accum")
-    if not isinstance(world, int) or not isinstance(accum, int) or world * accum == layout.per_step:
+    saved = saved_layout(step_dir)
+    if saved is None or saved[0] * saved[1] == layout.per_step:
         return
+    world, accum = saved
     per_step = world * accum
     fix = (f"set train.grad_accum={per_step // layout.world}" if per_step % layout.world == 0
            else f"run on a number of ranks that divides {per_step}")

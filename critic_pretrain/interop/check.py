@@ -170,12 +170,13 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
         return
     ev = evaluate_checkpoint(step_dir, rollouts, cold_every=0, leave_out_trained=True)
     m = ev["metrics"]
-    verdicts = [r["verdict"] for r in ev.get("regimes") or [] if r["rows"]]
+    judged = [r for r in ev.get("regimes") or [] if r["rows"]]
+    verdicts = [r["verdict"] for r in judged]
     q = {"rollouts": list(rollouts), "rows": ev["data"]["rows"], "explained_variance": m.get("eval/explained_variance"),
          "ev_group_mean": m.get("eval/ev_group_mean"), "verdicts": [v["line"] for v in verdicts]}
     where = f"on {ev['data']['rows']} rollouts of {', '.join(rollouts)}"
     # PPO's regime (fresh responses to trained prompts) decides when it has a call; else new prompts
-    ranked = sorted((r for r in ev.get("regimes") or [] if r["rows"]), key=lambda r: r["regime"] != "response")
+    ranked = sorted(judged, key=lambda r: r["regime"] != "response")
     decisive = next((r["verdict"] for r in ranked if r["verdict"]["call"] != "unknown"), None)
     oracle = oracle_rule(ev)
     if oracle is not None:
@@ -268,11 +269,7 @@ def _resolve(report: SeedReport, raw: str | Path | None) -> Path | None:
 def _newest_step(run_dir: Path) -> Path | None:
     if not run_dir.is_dir():
         return None
-    logging.disable(logging.WARNING)  # find_checkpoints logs every broken folder; the message names them
-    try:
-        found = ckpt.find_checkpoints(run_dir)
-    finally:
-        logging.disable(logging.NOTSET)
+    found = ckpt.find_checkpoints(run_dir, quiet=True)  # the message names what it found
     return found[max(found)] if found else None
 
 

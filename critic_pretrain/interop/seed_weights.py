@@ -246,11 +246,7 @@ def _earlier_step(root: Path) -> Path | None:
     n = ckpt.step_number(root)
     if n is None:
         return None
-    logging.disable(logging.WARNING)
-    try:
-        found = ckpt.find_checkpoints(root.parent)
-    finally:
-        logging.disable(logging.NOTSET)
+    found = ckpt.find_checkpoints(root.parent, quiet=True)
     earlier = [s for s in found if s < n]
     return found[max(earlier)] if earlier else None
 
