@@ -38,7 +38,7 @@ from critic_pretrain.data import (
     loader,
     log_schedule,
     plan_epoch,
-    step_batches,
+    rank_micro_batches,
 )
 from critic_pretrain.errors import EXIT_FAILED, EXIT_PREEMPTED, UserError, first_line
 from critic_pretrain.eval import evaluate
@@ -253,7 +253,7 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     if not first:
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
                         f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
-    log_schedule(first, layout, cfg.train.max_steps)
+    log_schedule(first, layout, cfg.train.max_steps, cfg.data, data.max_length)
     return data, tokenizer, tokenizer_fp, rewards_logged, layout
 
 
@@ -443,8 +443,8 @@ def train_loop(run: Run, preempt: Preemption) -> int:
         plan = plan_epoch(*run.data.epoch(cfg.seed, state.epoch), seed=cfg.seed, epoch=state.epoch, data=cfg.data,
                           layout=layout)
         steps_in_epoch = len(plan) // layout.per_step
-        rank_batches = [mb for s in range(state.step_in_epoch, steps_in_epoch) for mb in step_batches(plan, s, layout)]
-        batches = loader(run.data.train, rank_batches, run.data.max_length, num_workers=num_workers,
+        mbs, cuts = rank_micro_batches(plan, state.step_in_epoch, state.step, layout, cfg.data, run.data.max_length)
+        batches = loader(run.data.train, mbs, cuts, num_workers=num_workers,  # cuts: data.length_warmup_steps
                          pin_memory=torch.cuda.is_available(), with_rewards=cfg.targets.values_from == "critic",
                          by_turn=cfg.data.weighting == "turn")
         while state.step_in_epoch < steps_in_epoch and state.step < cfg.train.max_steps:

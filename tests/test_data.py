@@ -355,3 +355,13 @@ def test_turn_weights_give_each_turn_an_equal_share_of_its_rollout(toy_data, tmp
         at += n
     assert train_main(tiny_overrides(tmp_path / "run", toy_data, **{"data.weighting": "turn",
                                                                       "train.max_steps": 4})) == 0
+
+
+def test_cut_length_grows_linearly_then_stays_at_max_length():
+    from critic_pretrain.config import DataConfig
+    from critic_pretrain.data import cut_length
+
+    warm = DataConfig(length_warmup_steps=10, length_warmup_from=100)
+    assert [cut_length(s, warm, 1000) for s in (0, 1, 5, 9, 10, 500)] == [100, 190, 550, 910, 1000, 1000]
+    assert cut_length(0, warm, 64) == 64  # `from` is capped at max_length
+    assert cut_length(0, DataConfig(), 1000) == 1000  # off by default

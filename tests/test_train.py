@@ -494,3 +494,40 @@ def test_steps_of_few_rollouts_are_warned_about(toy_data, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "rollouts: on the synthetic" not in err and float(re.search(r"steps of about ([\d.]+) rollouts;",
                                                                        err).group(1)) >= 4
+
+
+def test_length_warmup_cuts_each_step_by_the_schedule_and_resumes_exactly(toy_data, tmp_path, monkeypatch,
+                                                                           capsys):
+    """data.length_warmup_steps: the micro-batches of step s are cut at from + (max - from) * s // n
+    (read off what the loader hands train_step), the full length after; a run stopped mid-warm-up
+    resumes to the same cuts and weights as the uninterrupted one."""
+    import critic_pretrain.train as tr
+
+    real, seen = tr.loader, {}
+
+    def spy(store, mbs, cuts, **kw):
+        for rows, cut, batch in zip(mbs, cuts, real(store, mbs, cuts, **kw)):
+            seen[run].append((cut, int(batch.seq_lens.max()), int(store.lengths[rows].max())))
+            yield batch
+
+    monkeypatch.setattr(tr, "loader", spy)
+    warm = {**TD, "data.length_warmup_steps": 6, "data.length_warmup_from": 12, "checkpoint.save_every": 4}
+    run = "straight"
+    seen[run] = []
+    assert train(tmp_path / run, toy_data, **warm) == 0
+    assert ("length warm-up: rollouts are cut at 12 tokens in step 0, growing to max_length=256 by step 6"
+            in capsys.readouterr().err)
+    cuts = [cut for cut, _, _ in seen[run]]
+    assert cuts == [12 + (256 - 12) * s // 6 for s in range(6)] + [256, 256]  # one micro-batch per step
+    assert all(longest <= cut for cut, longest, _ in seen[run])
+    assert seen[run][0][1] == 12 < seen[run][0][2]  # step 0's rollouts were cut at 12 tokens
+    run = "stopped"
+    seen[run] = []
+    monkeypatch.setenv("CRITIC_PRETRAIN_SIGNAL_AT_STEP", "3")
+    assert train(tmp_path / run, toy_data, **warm) == 75
+    monkeypatch.delenv("CRITIC_PRETRAIN_SIGNAL_AT_STEP")
+    assert train(tmp_path / run, toy_data, **warm) == 0
+    assert [cut for cut, _, _ in seen[run]] == cuts
+    assert_same_weights(tmp_path / "stopped" / "step_8", tmp_path / "straight" / "step_8")
+    assert train(tmp_path / "plain", toy_data, **TD) == 0  # the warm-up changed what was trained
+    assert losses(tmp_path / "plain")[1] != losses(tmp_path / "straight")[1]

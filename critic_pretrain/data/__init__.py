@@ -27,11 +27,13 @@ from .collate import MicroBatches, collate_packed, loader
 from .sampling import (
     Layout,
     accum_for_rollouts,
+    cut_length,
     effective_lengths,
     log_schedule,
     max_length_of,
     pack,
     plan_epoch,
+    rank_micro_batches,
     split_by_group,
     split_by_response,
     step_batches,
@@ -53,9 +55,9 @@ from .store import (
 )
 from .train_data import MIN_POLICY_SHARE, REGIMES, TrainData, ValSet, build_train_data, with_policy_left
 
-__all__ = ["FILTERS", "MIN_POLICY_SHARE", "STORE_FILE", "STORE_FORMAT", "STORE_META", "STORE_SCHEMA",
-    "Layout", "MicroBatches", "RolloutStore", "StoreStats", "TrainData", "build_train_data",
-    "check_bad_fraction", "collate_packed", "effective_lengths", "file_manifest", "loader", "max_length_of",
-    "accum_for_rollouts", "log_schedule", "pack", "plan_epoch", "prepare_store", "reward_transform", "source_files",
-    "split_by_group",
-    "split_by_response", "step_batches", "weighted_rows", "with_policy_left", "REGIMES", "ValSet"]
+__all__ = ["FILTERS", "MIN_POLICY_SHARE", "REGIMES", "STORE_FILE", "STORE_FORMAT", "STORE_META", "STORE_SCHEMA",
+           "accum_for_rollouts", "build_train_data", "check_bad_fraction", "collate_packed", "cut_length",
+           "effective_lengths", "file_manifest", "Layout", "loader", "log_schedule", "max_length_of", "MicroBatches",
+           "pack", "plan_epoch", "prepare_store", "rank_micro_batches", "reward_transform", "RolloutStore",
+           "source_files", "split_by_group", "split_by_response", "step_batches", "StoreStats", "TrainData",
+           "ValSet", "weighted_rows", "with_policy_left"]

@@ -96,22 +96,25 @@ def _return_at_cut(rewards: np.ndarray, targets: np.ndarray, mask: np.ndarray, s
 
 
 class MicroBatches(torch.utils.data.Dataset):
-    """A list of micro-batches (row index arrays) as a map-style dataset of packed batches."""
+    """A list of micro-batches (row index arrays) as a map-style dataset of packed batches;
+    ``max_length``: one length for all, or one per micro-batch (``data.length_warmup_steps``)."""
 
-    def __init__(self, store: RolloutStore, batches: list[np.ndarray], max_length: int, with_rewards: bool = False,
-                 by_turn: bool = False):
-        self.store, self.batches, self.max_length, self.with_rewards = store, batches, max_length, with_rewards
-        self.by_turn = by_turn
+    def __init__(self, store: RolloutStore, batches: list[np.ndarray], max_length: int | list[int],
+                 with_rewards: bool = False, by_turn: bool = False):
+        self.store, self.batches, self.with_rewards, self.by_turn = store, batches, with_rewards, by_turn
+        self.max_length = [max_length] * len(batches) if isinstance(max_length, int) else max_length
+        if len(self.max_length) != len(batches):
+            raise ValueError(f"{len(self.max_length)} cut lengths for {len(batches)} micro-batches")
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> dict:
-        return collate_packed(self.store, self.batches[i], self.max_length, with_rewards=self.with_rewards,
+        return collate_packed(self.store, self.batches[i], self.max_length[i], with_rewards=self.with_rewards,
                               by_turn=self.by_turn)
 
 
-def loader(store: RolloutStore, batches: list[np.ndarray], max_length: int, *, num_workers: int = 0,
+def loader(store: RolloutStore, batches: list[np.ndarray], max_length: int | list[int], *, num_workers: int = 0,
            pin_memory: bool = False, with_rewards: bool = False, by_turn: bool = False) -> Iterator[PackedBatch]:
     """Iterate packed micro-batches in order; workers prefetch so the device does not wait."""
     ds = MicroBatches(store, batches, max_length, with_rewards, by_turn)

@@ -94,6 +94,18 @@ def max_length_of(data: DataConfig, model_limit: int | None = None) -> int:
     return min(max_len, model_limit) if model_limit else max_len
 
 
+def cut_length(step: int, data: DataConfig, max_length: int) -> int:
+    """The length rollouts are cut at in optimizer step ``step`` (0-based): during
+    `data.length_warmup_steps` it grows linearly from `data.length_warmup_from` to ``max_length``
+    (sequence-length warm-up), then stays ``max_length``. A function of the step alone, so a
+    resumed run cuts exactly as the uninterrupted one."""
+    n = data.length_warmup_steps
+    if step >= n:
+        return max_length
+    start = min(data.length_warmup_from, max_length)
+    return start + (max_length - start) * step // n
+
+
 def effective_lengths(store: RolloutStore, indices: np.ndarray, max_len: int, overlong: str,
                       ) -> tuple[np.ndarray, np.ndarray]:
     """(indices kept, their lengths after `overlong` handling of rollouts longer than ``max_len``)."""
@@ -150,11 +162,12 @@ FEW_ROLLOUTS_PER_STEP = 4
 """Below this many rollouts per optimizer step the start-up warns (bench/step_rollouts.py)."""
 
 
-def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int) -> None:
+def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int, data: DataConfig, max_length: int) -> None:
     """The start-up ``schedule:`` line for the first pass's ``plan``. The schedule is counted in
     steps of a token budget, so long rollouts mean few per step and few passes: on the synthetic
     ``long`` environment 1,200 steps held ~2 rollouts each and learned nothing (docs/warm.md,
-    *When the critic learns nothing*). Say it in rollouts and passes before compute is spent."""
+    *When the critic learns nothing*). Say it in rollouts and passes before compute is spent, and
+    the sequence-length warm-up (``cut_length``) when it cuts anything."""
     steps_per_pass, rows = len(plan) // layout.per_step, sum(len(mb) for mb in plan)
     log.info("schedule: a pass over the training rollouts is %d steps of about %.1f rollouts; train.max_steps=%d "
              "is %.1f passes", steps_per_pass, rows / steps_per_pass, max_steps, max_steps / steps_per_pass)
@@ -162,9 +175,21 @@ def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int) -> None
         log.warning("steps of about %.1f rollouts: on the synthetic environments steps of ~2 learned nothing where "
                     "steps of 12+ learned (docs/warm.md, *When the critic learns nothing*); set "
                     "train.rollouts_per_step (e.g. 12) to accumulate micro-batches", rows / steps_per_pass)
+    if cut_length(0, data, max_length) < max_length:
+        log.info("length warm-up: rollouts are cut at %d tokens in step 0, growing to max_length=%d by step %d "
+                 "(data.length_warmup_steps)", cut_length(0, data, max_length), max_length, data.length_warmup_steps)
 
 
 def step_batches(plan: list[np.ndarray], step_in_epoch: int, layout: Layout) -> list[np.ndarray]:
     """This rank's micro-batches for one optimizer step: global order a*world + rank."""
     base = step_in_epoch * layout.per_step
     return [plan[base + a * layout.world + layout.rank] for a in range(layout.grad_accum)]
+
+
+def rank_micro_batches(plan: list[np.ndarray], first: int, step: int, layout: Layout, data: DataConfig,
+                       max_length: int) -> tuple[list[np.ndarray], list[int]]:
+    """This rank's micro-batches from epoch step ``first`` to the end of ``plan``, and the length
+    each is cut at (``cut_length``); ``step`` is the global step of epoch step ``first``."""
+    steps = range(first, len(plan) // layout.per_step)
+    batches = [mb for s in steps for mb in step_batches(plan, s, layout)]
+    return batches, [cut_length(step + s - first, data, max_length) for s in steps for _ in range(layout.grad_accum)]
