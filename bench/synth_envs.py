@@ -43,7 +43,8 @@ def measure(name: str, rows: int) -> dict:
 
 def render(n: dict) -> str:
     lines = [BEGIN, f"`python bench/synth_envs.py`: {n['rows']:,} rows per environment ({n['long_rows']:,} for "
-                    f"long), seed {SEED}. EV: the share of the return variance over policy tokens that the exact "
+                    f"long and long-tools), seed {SEED}. EV: the share of the return variance over policy tokens "
+                    "that the exact "
                     "values explain (what a perfect critic reaches) and that the value at the row's first policy "
                     "token explains (a critic that reads the prompt alone). Calibration: the return regressed on "
                     "the exact value at one random state per row, slope and intercept with their standard errors "
@@ -73,7 +74,7 @@ def main() -> None:
     args = p.parse_args()
     t0 = time.perf_counter()
     long_rows = args.rows // 4
-    envs = [measure(name, long_rows if name == "long" else args.rows) for name in synth.ENVIRONMENTS]
+    envs = [measure(name, long_rows if name.startswith("long") else args.rows) for name in synth.ENVIRONMENTS]
     numbers = {"rows": args.rows, "long_rows": long_rows, "seconds": time.perf_counter() - t0, "envs": envs}
     NUMBERS.write_text(json.dumps(numbers, indent=1) + "\n")
     DOC.write_text(replace_block(DOC.read_text(), render(numbers)))

@@ -104,14 +104,18 @@ class DataConfig:
     """Longest rollout kept whole; longer ones follow `overlong`. Default: `max_tokens`. Never
     more than the model supports (`max_position_embeddings` or its RoPE scaling limit)."""
     length_warmup_steps: int = 0
-    """Sequence-length warm-up: over the first n optimizer steps every rollout is cut at a length
-    growing linearly from `length_warmup_from` to `max_length` (cut rollouts keep their whole
+    """Sequence-length warm-up: over the first n optimizer steps every rollout is cut at
+    `length_warmup_from` tokens for `length_warmup_hold` steps, then at a length growing linearly
+    to `max_length` (cut rollouts keep their whole
     return as targets, as `overlong: truncate`; each step still holds the same rollouts). A
     random-init critic finds a few decisive tokens among thousands only after it learned to at
     short range: on the synthetic `long` rollouts (3,500 tokens) it learned nothing in 1,200
     steps without it (docs/warm.md). 0: off."""
     length_warmup_from: int = 1024
-    """The cut length at step 0 of `length_warmup_steps` (capped at `max_length`)."""
+    """The cut length at the start of `length_warmup_steps` (capped at `max_length`)."""
+    length_warmup_hold: int = 0
+    """Steps the cut stays at `length_warmup_from` before it grows (within `length_warmup_steps`):
+    the short range has to be learned first, and a cut that grows from step 0 outran it on `long`."""
     overlong: Literal["truncate", "skip"] = "truncate"
     """Rollouts longer than `max_length`: keep the first `max_length` tokens (their targets
     still see the whole rollout's rewards), or leave them out. Counted either way."""
@@ -166,6 +170,9 @@ class DataConfig:
         need(self.length_warmup_steps >= 0, f"data.length_warmup_steps={self.length_warmup_steps} must be >= 0 "
              "(0: off)")
         need(self.length_warmup_from > 0, f"data.length_warmup_from={self.length_warmup_from} must be > 0 (tokens)")
+        need(0 <= self.length_warmup_hold <= self.length_warmup_steps,
+             f"data.length_warmup_hold={self.length_warmup_hold} must be in [0, data.length_warmup_steps="
+             f"{self.length_warmup_steps}]: the hold is part of the warm-up")
         need(self.recency_half_life is None or self.recency_half_life > 0,
              f"data.recency_half_life={self.recency_half_life} must be > 0 (policy versions), or null for no "
              "recency weighting")

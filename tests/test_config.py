@@ -27,6 +27,7 @@ def test_config_overrides_and_errors(tmp_path):
                      ("data.max_length=99999", "must fit into one micro-batch"),
                      ("data.length_warmup_steps=-1", "must be >= 0"),
                      ("data.length_warmup_from=0", "must be > 0"),
+                     ("data.length_warmup_hold=5", "the hold is part of the warm-up"),
                      ("train.grad_accum=two", "must be an integer"),
                      ("nokey", "is not key=value"),
                      ("optim.lr=1e-4", "optim.min_lr=0.0003 must be in")]:

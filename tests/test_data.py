@@ -365,3 +365,5 @@ def test_cut_length_grows_linearly_then_stays_at_max_length():
     assert [cut_length(s, warm, 1000) for s in (0, 1, 5, 9, 10, 500)] == [100, 190, 550, 910, 1000, 1000]
     assert cut_length(0, warm, 64) == 64  # `from` is capped at max_length
     assert cut_length(0, DataConfig(), 1000) == 1000  # off by default
+    held = DataConfig(length_warmup_steps=10, length_warmup_from=100, length_warmup_hold=6)
+    assert [cut_length(s, held, 1000) for s in (0, 5, 6, 7, 9, 10)] == [100, 100, 100, 325, 775, 1000]

@@ -12,6 +12,7 @@ from rollouts.synth.fatal import p_mistake
 from rollouts.synth.reveal import posterior
 
 ENVS = list(synth.ENVIRONMENTS)
+LONG = ("long", "long-tools")
 KEYS = set(range(synth.ACT_GOOD, synth.ACT_BAD + synth.N_ACT_IDS))
 
 
@@ -39,7 +40,7 @@ def calibration(table: pa.Table, env: synth.SynthEnv, values=None) -> dict:
 @pytest.mark.parametrize("name", ENVS)
 def test_return_regressed_on_the_value_has_slope_one_and_intercept_zero(name: str) -> None:
     env = synth.make_env(name)
-    c = calibration(_table(name, 1200 if name == "long" else 5000, 11), env)
+    c = calibration(_table(name, 1200 if name in LONG else 5000, 11), env)
     assert c["slope_se"] < 0.06 and c["intercept_se"] < 0.04, c  # enough states to catch a wrong value
     assert abs(c["slope"] - 1) < 4 * c["slope_se"] and abs(c["intercept"]) < 4 * c["intercept_se"], c
 
@@ -148,8 +149,9 @@ def test_reveal_value_moves_on_tool_outputs_and_is_the_posterior() -> None:
     assert checked > 100
 
 
-def test_long_rows_have_2k_policy_tokens() -> None:
-    policy = [sum(r["loss_mask"]) for r in rows("long", 200)]
+@pytest.mark.parametrize("name", LONG)
+def test_long_rows_have_2k_policy_tokens(name: str) -> None:
+    policy = [sum(r["loss_mask"]) for r in rows(name, 200)]
     assert np.median(policy) >= 2000
 
 
@@ -163,7 +165,7 @@ def test_dense_rewards_sit_on_every_action_and_policy_token() -> None:
 
 
 def test_each_environment_differs_from_the_default_and_unknown_ones_are_refused() -> None:
-    tables = {name: _table(name, 40, 3) for name in ENVS if name != "long"}
+    tables = {name: _table(name, 40, 3) for name in ENVS if name not in LONG}
     ids = {name: t.column("input_ids") for name, t in tables.items()}
     assert all(not ids["tools"].equals(ids[n]) for n in ids if n not in ("tools", "dense"))
     with pytest.raises(ValueError, match="unknown synth environment"):

@@ -498,8 +498,9 @@ def test_steps_of_few_rollouts_are_warned_about(toy_data, tmp_path, capsys):
 
 def test_length_warmup_cuts_each_step_by_the_schedule_and_resumes_exactly(toy_data, tmp_path, monkeypatch,
                                                                            capsys):
-    """data.length_warmup_steps: the micro-batches of step s are cut at from + (max - from) * s // n
-    (read off what the loader hands train_step), the full length after; a run stopped mid-warm-up
+    """data.length_warmup_*: the micro-batches of step s are cut at `from` for `hold` steps, then at
+    from + (max - from) * (s - hold) // (n - hold) (read off what the loader hands train_step), the
+    full length after; a run stopped mid-warm-up
     resumes to the same cuts and weights as the uninterrupted one."""
     import critic_pretrain.train as tr
 
@@ -511,14 +512,15 @@ def test_length_warmup_cuts_each_step_by_the_schedule_and_resumes_exactly(toy_da
             yield batch
 
     monkeypatch.setattr(tr, "loader", spy)
-    warm = {**TD, "data.length_warmup_steps": 6, "data.length_warmup_from": 12, "checkpoint.save_every": 4}
+    warm = {**TD, "data.length_warmup_steps": 6, "data.length_warmup_from": 12, "data.length_warmup_hold": 2,
+            "checkpoint.save_every": 4}
     run = "straight"
     seen[run] = []
     assert train(tmp_path / run, toy_data, **warm) == 0
-    assert ("length warm-up: rollouts are cut at 12 tokens in step 0, growing to max_length=256 by step 6"
+    assert ("length warm-up: rollouts are cut at 12 tokens until step 2, growing to max_length=256 by step 6"
             in capsys.readouterr().err)
     cuts = [cut for cut, _, _ in seen[run]]
-    assert cuts == [12 + (256 - 12) * s // 6 for s in range(6)] + [256, 256]  # one micro-batch per step
+    assert cuts == [12, 12] + [12 + (256 - 12) * s // 4 for s in range(4)] + [256, 256]  # 1 micro-batch per step
     assert all(longest <= cut for cut, longest, _ in seen[run])
     assert seen[run][0][1] == 12 < seen[run][0][2]  # step 0's rollouts were cut at 12 tokens
     run = "stopped"

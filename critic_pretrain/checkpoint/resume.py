@@ -32,7 +32,7 @@ RUN_DEFINING = ("seed", "model.name_or_path", "model.config", "model.head_bias",
                 "train.rollouts_per_step",
                 "train.grad_clip", "data.sources",
                 "data.val_fraction", "data.val_split", "data.max_tokens", "data.max_length", "data.overlong",
-                "data.length_warmup_steps", "data.length_warmup_from",
+                "data.length_warmup_steps", "data.length_warmup_from", "data.length_warmup_hold",
                 "data.shuffle",
                 "data.on_bad", "data.recency_half_life", "data.weighting")
 # data.train / data.val paths are not here: the data manifest compares the files themselves.

@@ -95,15 +95,15 @@ def max_length_of(data: DataConfig, model_limit: int | None = None) -> int:
 
 
 def cut_length(step: int, data: DataConfig, max_length: int) -> int:
-    """The length rollouts are cut at in optimizer step ``step`` (0-based): during
-    `data.length_warmup_steps` it grows linearly from `data.length_warmup_from` to ``max_length``
-    (sequence-length warm-up), then stays ``max_length``. A function of the step alone, so a
-    resumed run cuts exactly as the uninterrupted one."""
-    n = data.length_warmup_steps
+    """The length rollouts are cut at in optimizer step ``step`` (0-based), a sequence-length
+    warm-up: `data.length_warmup_from` for the first `data.length_warmup_hold` steps, then growing
+    linearly to ``max_length`` at step `data.length_warmup_steps`, ``max_length`` from there. A
+    function of the step alone, so a resumed run cuts exactly as the uninterrupted one."""
+    n, hold = data.length_warmup_steps, data.length_warmup_hold
     if step >= n:
         return max_length
     start = min(data.length_warmup_from, max_length)
-    return start + (max_length - start) * step // n
+    return start + (max_length - start) * max(step - hold, 0) // (n - hold)
 
 
 def effective_lengths(store: RolloutStore, indices: np.ndarray, max_len: int, overlong: str,
@@ -176,8 +176,9 @@ def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int, data: D
                     "steps of 12+ learned (docs/warm.md, *When the critic learns nothing*); set "
                     "train.rollouts_per_step (e.g. 12) to accumulate micro-batches", rows / steps_per_pass)
     if cut_length(0, data, max_length) < max_length:
-        log.info("length warm-up: rollouts are cut at %d tokens in step 0, growing to max_length=%d by step %d "
-                 "(data.length_warmup_steps)", cut_length(0, data, max_length), max_length, data.length_warmup_steps)
+        log.info("length warm-up: rollouts are cut at %d tokens until step %d, growing to max_length=%d by step %d "
+                 "(data.length_warmup_*)", cut_length(0, data, max_length), data.length_warmup_hold, max_length,
+                 data.length_warmup_steps)
 
 
 def step_batches(plan: list[np.ndarray], step_in_epoch: int, layout: Layout) -> list[np.ndarray]:

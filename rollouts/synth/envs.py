@@ -11,6 +11,7 @@ name                    where the credit sits
 ``reveal``              one plan token; tool outputs then reveal, test by test, whether it
                         works: the value moves on environment tokens
 ``long``                ``key-steps`` at 2k+ policy tokens per row (long horizons)
+``long-tools``          ``tools`` at 2k+ policy tokens per row (long horizons, credit on turns)
 ``dense``               ``tools`` with a per-token process reward on every action (+/-0.1)
                         and a length penalty (-0.001 per policy token)
 ======================  ===================================================================
@@ -47,6 +48,8 @@ ENVIRONMENTS: dict[str, Environment] = {
                           {"p_ok_good": 0.7, "p_ok_bad": 0.3}),
     "long": Environment(keysteps.build, "key-steps at 2k+ policy tokens per row (long horizons)",
                         {"median_length": 3500.0, "max_length": 8192, "length_sigma": 0.6}),
+    "long-tools": Environment(multiturn.build, "tools at 2k+ policy tokens per row (long horizons, credit on turns)",
+                              {"median_length": 4000.0, "max_length": 8192, "length_sigma": 0.6}),
     "dense": Environment(multiturn.build, "tools with a per-token process reward on every action (+/-0.1) and a "
                                           "length penalty (-0.001 per policy token)",
                          {"step_reward": 0.1, "token_penalty": 0.001}),
