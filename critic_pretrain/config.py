@@ -106,16 +106,15 @@ class DataConfig:
     length_warmup_steps: int = 0
     """Sequence-length warm-up: over the first n optimizer steps every rollout is cut at
     `length_warmup_from` tokens for `length_warmup_hold` steps, then at a length growing linearly
-    to `max_length` (cut rollouts keep their whole
-    return as targets, as `overlong: truncate`; each step still holds the same rollouts). A
-    random-init critic finds a few decisive tokens among thousands only after it learned to at
-    short range: on the synthetic `long` rollouts (3,500 tokens) it learned nothing in 1,200
-    steps without it (docs/warm.md). 0: off."""
+    to `max_length` (cut rollouts keep their whole return as targets, as `overlong: truncate`;
+    each step still holds the same rollouts, and early steps cost less). For a random-init critic
+    that has to find a few decisive tokens among thousands. Not in the recipes: on the synthetic
+    `long` rollouts neither warm-up tried learned by step 500-650 (docs/LOG.md). 0: off."""
     length_warmup_from: int = 1024
     """The cut length at the start of `length_warmup_steps` (capped at `max_length`)."""
     length_warmup_hold: int = 0
     """Steps the cut stays at `length_warmup_from` before it grows (within `length_warmup_steps`):
-    the short range has to be learned first, and a cut that grows from step 0 outran it on `long`."""
+    the short range has to be learned before the cut grows past it."""
     overlong: Literal["truncate", "skip"] = "truncate"
     """Rollouts longer than `max_length`: keep the first `max_length` tokens (their targets
     still see the whole rollout's rewards), or leave them out. Counted either way."""

@@ -71,7 +71,7 @@ class SynthParams:
     the ones its docstring names; ``envs.ENVIRONMENTS`` gives each name its own defaults."""
 
     env: str = "tools"
-    """The environment (``rollouts synth --list``): tools, key-steps, fatal, reveal, long, dense."""
+    """The environment (``rollouts synth --list``): tools, key-steps, fatal, reveal, long, long-tools, dense."""
     max_length: int = 2048
     """Rows are cut at this many tokens (``truncated``; reward 0 unless EOS fit)."""
     median_length: float = 200.0
