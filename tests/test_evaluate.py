@@ -249,6 +249,22 @@ def test_eval_cli_on_other_rollouts_default_out(run_dir, toy_data, capsys):
     assert 0 < ev["metrics"]["eval/valid_tokens"] and ev["data"]["tokens"] > 600  # capped evaluation
 
 
+def test_eval_max_length_scores_rollouts_cut_there(run_dir, toy_data, tmp_path):
+    """--max-length: every rollout is cut at N tokens, so the scored tokens are the policy tokens
+    among each rollout's first N (counted here from the parquet files); the default is the run's."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(sorted(toy_data.glob("*.parquet")), columns=["loss_mask"]).column("loss_mask").to_pylist()
+    for flag, n in (([], 256), (["--max-length", "12"], 12)):
+        out = tmp_path / f"e{n}.json"
+        assert cli.main(["eval", str(run_dir / "step_4"), "--rollouts", str(toy_data), "--out", str(out),
+                         "--cold-every", "0", *flag]) == 0
+        ev = json.loads(out.read_text())
+        assert ev["data"]["max_length"] == n
+        assert ev["data"]["longer_than_max_length"] == sum(len(m) > n for m in rows)
+        assert ev["metrics"]["eval/valid_tokens"] == sum(sum(m[:n]) for m in rows)
+
+
 @pytest.mark.parametrize("case", ["missing", "missing_step", "file", "not_checkpoint", "bad_rollouts", "bad_flag",
                                   "bad_device"])
 def test_eval_cli_errors_are_one_line(run_dir, tmp_path, capsys, case):

@@ -26,6 +26,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, metavar="N", help="evaluate at most about N tokens (default: all)")
     p.add_argument("--batch-tokens", type=int, metavar="N", help="tokens per micro-batch (default: the run's "
                    "data.max_tokens)")
+    p.add_argument("--max-length", type=int, metavar="N",
+                   help="cut rollouts at N tokens (default: the run's data.max_length, as trained; never above the "
+                        "model's position limit): score a critic trained on shorter rollouts at full length")
     p.add_argument("--cold-every", type=int, default=COLD_EVERY, metavar="N",
                    help="score the run's step-0 model (the 'cold' advantage estimator, rollouts with oracle_values "
                         f"only) on every N-th micro-batch (default {COLD_EVERY}: about 1/{COLD_EVERY} more model "
@@ -40,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    for n, flag in ((args.max_tokens, "--max-tokens"), (args.batch_tokens, "--batch-tokens")):
+    for n, flag in ((args.max_tokens, "--max-tokens"), (args.batch_tokens, "--batch-tokens"),
+                    (args.max_length, "--max-length")):
         if n is not None and n <= 0:
             raise UserError(f"{flag} {n} must be > 0")
     if args.cold_every < 0:
@@ -48,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     out = Path(args.out) if args.out else default_out(Path(args.step_dir), args.rollouts)
     report = evaluate_checkpoint(args.step_dir, args.rollouts, token_cap=args.max_tokens,
-                                 batch_tokens=args.batch_tokens, cache_dir=args.cache_dir, device=args.device,
+                                 batch_tokens=args.batch_tokens, max_length=args.max_length,
+                                 cache_dir=args.cache_dir, device=args.device,
                                  trust_remote_code=args.trust_remote_code, cold_every=args.cold_every)
     write_json(report, out)
     m = report["metrics"]

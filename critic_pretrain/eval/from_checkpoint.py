@@ -110,7 +110,8 @@ def default_out(step_dir: Path, rollouts: list[str] | None) -> Path:
 
 
 def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None, *, token_cap: int | None = None,
-                        batch_tokens: int | None = None, cache_dir: str | Path | None = None,
+                        batch_tokens: int | None = None, max_length: int | None = None,
+                        cache_dir: str | Path | None = None,
                         device: str | torch.device | None = None, trust_remote_code: bool = False,
                         cold_every: int = COLD_EVERY, leave_out_trained: bool = False) -> dict:
     """Evaluate checkpoint ``step_dir`` and return the JSON-ready report.
@@ -119,7 +120,8 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     transform, values_from), so they match what the critic was trained on. ``rollouts``:
     any rollout specs; None evaluates the run's own validation split (its ``data_cache``
     is reused when still valid). ``cache_dir``: where other rollouts are prepared (default:
-    a temporary folder, removed afterwards). ``cold_every``: score the step-0 model (``cold``
+    a temporary folder, removed afterwards). ``max_length``: cut rollouts there instead of at the
+    run's own length (never above the model's position limit). ``cold_every``: score the step-0 model (``cold``
     advantage estimator) on every n-th micro-batch; 0 skips it. ``leave_out_trained``: evaluate
     only the given rollouts the critic did not train on (by their tokens; ``seed check``).
     """
@@ -133,10 +135,10 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     configs = checkpoint_model_config(step_dir, cfg, trust_remote_code)
     hf_config = configs[1]
     model_limit, vocab_size = position_limit(hf_config), hf_config.vocab_size
-    max_length = max_length_of(cfg.data, model_limit)  # as in training
-    batch_tokens = batch_tokens or cfg.data.max_tokens
+    max_length = min(max_length, model_limit or max_length) if max_length else max_length_of(cfg.data, model_limit)
+    batch_tokens = batch_tokens or max(cfg.data.max_tokens, max_length)
     if batch_tokens < max_length:
-        raise UserError(f"--batch-tokens {batch_tokens} is below the run's max_length {max_length}; "
+        raise UserError(f"--batch-tokens {batch_tokens} is below the max_length {max_length}; "
                         "a rollout must fit into one micro-batch: raise it")
     t0 = time.perf_counter()
     manifest = ckpt.Manifest.read(step_dir) or ckpt.Manifest({})
@@ -283,7 +285,7 @@ def _data_summary(store: RolloutStore, indices: np.ndarray, rollouts: list[str] 
     files = [f["path"] if isinstance(f, dict) else str(f) for f in store.meta.get("files", [])]
     return {"rollouts": list(rollouts) if rollouts else None, "files": files, "split": split,
             "rows": int(len(indices)), "tokens": int(store.lengths[indices].sum()),
-            "longer_than_max_length": int((store.lengths[indices] > max_length).sum()),
+            "max_length": max_length, "longer_than_max_length": int((store.lengths[indices] > max_length).sum()),
             "has_oracle": store.has_oracle, "store": dataclasses.asdict(store.stats)}
 
 
