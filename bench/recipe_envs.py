@@ -55,6 +55,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "refresh50": ("TD(0.8) from a target network refreshed every 50 steps", ["targets.refresh_every=50"]),
     "turn-weighted": ("TD(0.8), each policy turn weighted alike", ["data.weighting=turn"]),
     "lam-horizon": ("TD with lambda per horizon, 1 - 1 / (0.05 x policy tokens)", ["targets.lam_alpha=0.05"]),
+    "cut1024": ("the default trained on rollouts cut at 1,024 tokens (long only: the others are shorter), scored at "
+                "full length", ["data.max_length=1024"]),
     # the same recipes on the schedule the default had before (600 steps): the first comparison
     "td0.8-600": ("the default before: TD(0.8)", ["train.max_steps=600"]),
     "mc-600": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none", "train.max_steps=600"]),
@@ -113,10 +115,15 @@ def train(work: Path, recipe: str, env: str, data: Path) -> tuple[Path, float | 
                      env_overrides(env) + RECIPES[recipe][1])
 
 
+SCORE_LENGTH = 8192
+"""Every critic is scored on rollouts cut here, whatever it trained on (capped at the demo model's
+4,096 positions: the full length of every row but `long`'s and `long-tools`' longest)."""
+
+
 def score(step: Path, heldout: Path) -> dict:
     from critic_pretrain.eval import evaluate_checkpoint
 
-    m = evaluate_checkpoint(step, [str(heldout)], cold_every=0)["metrics"]
+    m = evaluate_checkpoint(step, [str(heldout)], cold_every=0, max_length=SCORE_LENGTH)["metrics"]
     out = {}
     for where in ("all", "first"):
         c, g, o = (m.get(f"eval/adv_corr_{where}_lam0.95{s}", math.nan) for s in ("", "_group_mean",
