@@ -253,7 +253,7 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     if not first:
         raise UserError(f"not enough training data for one optimizer step ({layout.per_step} micro-batches of "
                         f"{cfg.data.max_tokens} tokens); lower data.max_tokens or train.grad_accum")
-    log_schedule(first, layout, cfg.train.max_steps, cfg.data, data.max_length)
+    log_schedule(first, layout, cfg.train.max_steps, cfg.data, data)
     return data, tokenizer, tokenizer_fp, rewards_logged, layout
 
 
@@ -414,8 +414,8 @@ class Window:
                             f"(now {self.run.cfg.optim.lr:g}) or with train.grad_clip set")
         if empty:
             raise UserError(f"{empty} optimizer step(s) in {steps} had no valid token (a policy token with weight "
-                            f"> 0) on any rank: they trained on nothing ({kept}); check data.max_tokens against the "
-                            "prompt lengths and the rollouts' sample_weight")
+                            f"> 0) on any rank: they trained on nothing ({kept}); check data.max_tokens (and "
+                            "data.length_warmup_from) against the prompt lengths and the rollouts' sample_weight")
 
     def metrics(self) -> dict:
         tokens = self.run.reduce(torch.tensor(float(self.tokens), device=self.run.accelerator.device)).item()

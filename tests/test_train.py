@@ -533,3 +533,19 @@ def test_length_warmup_cuts_each_step_by_the_schedule_and_resumes_exactly(toy_da
     assert_same_weights(tmp_path / "stopped" / "step_8", tmp_path / "straight" / "step_8")
     assert train(tmp_path / "plain", toy_data, **TD) == 0  # the warm-up changed what was trained
     assert losses(tmp_path / "plain")[1] != losses(tmp_path / "straight")[1]
+
+
+def test_length_warmup_start_up_counts_the_rollouts_its_first_cut_empties(toy_data, tmp_path, capsys):
+    """The start-up line says how many training rollouts hold no policy token within the first cut
+    (counted here from the parquet files: every rollout trains, val_fraction 0)."""
+    import re
+
+    import pyarrow.parquet as pq
+
+    masks = pq.read_table(sorted(toy_data.glob("*.parquet")), columns=["loss_mask"]).column("loss_mask").to_pylist()
+    assert train(tmp_path / "run", toy_data, **{"data.length_warmup_steps": 4, "data.length_warmup_from": 6,
+                                                "data.val_fraction": 0, "train.max_steps": 1,
+                                                "checkpoint.save_every": 0}) == 0
+    empty, rows = map(int, re.search(r"; (\d+) of (\d+) training rollouts have no policy token in the first 6 ",
+                                     capsys.readouterr().err).groups())
+    assert (empty, rows) == (sum(sum(m[:6]) == 0 for m in masks), len(masks)) and 0 < empty < rows

@@ -7,11 +7,15 @@ import hashlib
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..config import DataConfig
 from .store import RolloutStore
+
+if TYPE_CHECKING:
+    from .train_data import TrainData
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +166,7 @@ FEW_ROLLOUTS_PER_STEP = 4
 """Below this many rollouts per optimizer step the start-up warns (bench/step_rollouts.py)."""
 
 
-def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int, data: DataConfig, max_length: int) -> None:
+def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int, data: DataConfig, train: TrainData) -> None:
     """The start-up ``schedule:`` line for the first pass's ``plan``. The schedule is counted in
     steps of a token budget, so long rollouts mean few per step and few passes: on the synthetic
     ``long`` environment 1,200 steps held ~2 rollouts each and learned nothing (docs/warm.md,
@@ -175,10 +179,14 @@ def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int, data: D
         log.warning("steps of about %.1f rollouts: on the synthetic environments steps of ~2 learned nothing where "
                     "steps of 12+ learned (docs/warm.md, *When the critic learns nothing*); set "
                     "train.rollouts_per_step (e.g. 12) to accumulate micro-batches", rows / steps_per_pass)
-    if cut_length(0, data, max_length) < max_length:
+    first_cut = cut_length(0, data, train.max_length)
+    if first_cut < train.max_length:
+        empty = int((train.train.policy_tokens(first_cut)[train.train_idx] == 0).sum())
         log.info("length warm-up: rollouts are cut at %d tokens until step %d, growing to max_length=%d by step %d "
-                 "(data.length_warmup_*)", cut_length(0, data, max_length), data.length_warmup_hold, max_length,
-                 data.length_warmup_steps)
+                 "(data.length_warmup_*)%s", first_cut, data.length_warmup_hold, train.max_length,
+                 data.length_warmup_steps, f"; {empty} of {len(train.train_idx)} training rollouts have no policy "
+                 f"token in the first {first_cut} and train on nothing until the cut passes their prompt"
+                 if empty else "")
 
 
 def step_batches(plan: list[np.ndarray], step_in_epoch: int, layout: Layout) -> list[np.ndarray]:
