@@ -57,6 +57,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "lam-horizon": ("TD with lambda per horizon, 1 - 1 / (0.05 x policy tokens)", ["targets.lam_alpha=0.05"]),
     "cut1024": ("the default trained on rollouts cut at 1,024 tokens (long only: the others are shorter), scored at "
                 "full length", ["data.max_length=1024"]),
+    "rope1m": ("the default with RoPE base 1,000,000 (model.config.rope_theta; Qwen2's default is 10,000)",
+               ["model.config.rope_theta=1000000"]),
     # the same recipes on the schedule the default had before (600 steps): the first comparison
     "td0.8-600": ("the default before: TD(0.8)", ["train.max_steps=600"]),
     "mc-600": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none", "train.max_steps=600"]),
