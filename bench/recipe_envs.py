@@ -59,6 +59,11 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                 "full length", ["data.max_length=1024"]),
     "rope1m": ("the default with RoPE base 1,000,000 (model.config.rope_theta; Qwen2's default is 10,000)",
                ["model.config.rope_theta=1000000"]),
+    "init0.1": ("the default with weights drawn at std 0.1 (model.config.initializer_range; Qwen2's default is 0.02)",
+                ["model.config.initializer_range=0.1"]),
+    "eps1e-12": ("the default with AdamW epsilon 1e-12 (optim.eps; torch's default is 1e-8)", ["optim.eps=1e-12"]),
+    "init0.05": ("the default with weights drawn at std 0.05 (model.config.initializer_range)",
+                 ["model.config.initializer_range=0.05"]),
     # the same recipes on the schedule the default had before (600 steps): the first comparison
     "td0.8-600": ("the default before: TD(0.8)", ["train.max_steps=600"]),
     "mc-600": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none", "train.max_steps=600"]),
