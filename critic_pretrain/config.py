@@ -29,7 +29,8 @@ class ModelConfig:
     Defaults to `name_or_path` when that folder holds tokenizer files."""
     init_from: Literal["backbone", "reward_model"] = "backbone"
     """`backbone`: load a causal LM's body and add a new value head; `reward_model`: also
-    take the head (`score`) of a sequence-classification reward model at `name_or_path`."""
+    take the head (`score`) of a sequence-classification reward model at `name_or_path`, or of
+    a critic exported with `export --format hf` (a second stage starts from the first's critic)."""
     head_init: Literal["zero", "normal"] = "normal"
     """Init of a new value head's weight: zeros, or normal with std `head_std`."""
     head_std: float = 0.02

@@ -276,6 +276,23 @@ def test_hf_export_loads_in_verls_class(step, toy_data, rows, tmp_path):
     assert "critic.model.path: " in result.config_text and "trainer.critic_warmup: 0" in result.config_text
 
 
+def test_hf_export_starts_a_second_stage_with_the_same_critic(step, toy_data, rows, tmp_path):
+    """model.name_or_path=<hf export> model.init_from=reward_model: a new run (other data, other
+    cut, other schedule) starts from exactly the critic the first one trained, head and bias."""
+    hf = export(step, "verl", tmp_path / "hf").out
+    from critic_pretrain.config import ModelConfig
+    model = build_value_model(ModelConfig(name_or_path=str(hf), init_from="reward_model", attn_implementation="eager"))
+    first = our_values(step, toy_data, rows)
+    assert model.score.bias is not None and model.score.bias.abs().item() > 0  # the trained bias, not a fresh 0
+    for r, ours in zip(rows, first):
+        ids = torch.tensor(r["input_ids"])[None]
+        with torch.no_grad():
+            values = token_values(model.eval(), ids, torch.arange(ids.shape[1])[None])[0]
+        torch.testing.assert_close(values, ours, atol=1e-5, rtol=0)
+    fresh = build_value_model(ModelConfig(name_or_path=str(hf)))  # init_from=backbone: a new head
+    assert not torch.equal(fresh.score.weight, model.score.weight)
+
+
 # ---------------------------------------------------------------------------------------------
 # OpenRLHF (emulated from openrlhf/models/model.py; not installable here)
 
