@@ -61,8 +61,6 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                ["model.config.rope_theta=1000000"]),
     "init0.1": ("the default with weights drawn at std 0.1 (model.config.initializer_range; Qwen2's default is 0.02)",
                 ["model.config.initializer_range=0.1"]),
-    "cut1024+full": ("cut1024's critic trained on at full length (two stages: 1,200 steps at 1,024 tokens, then "
-                     "these), from its `export --format hf` folder", ["train.max_steps=600"]),
     "eps1e-12": ("the default with AdamW epsilon 1e-12 (optim.eps; torch's default is 1e-8)", ["optim.eps=1e-12"]),
     "init0.05": ("the default with weights drawn at std 0.05 (model.config.initializer_range)",
                  ["model.config.initializer_range=0.05"]),
@@ -79,8 +77,6 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
 read from the resolved config (``steps``) and printed next to every row, so a row can never claim a
 schedule it did not run."""
 CONFIG = ROOT / "configs" / "demo.yaml"
-STARTS_FROM = {"cut1024+full": "cut1024"}
-"""recipe -> the recipe whose final critic it starts from (its weights and head, not its optimizer)."""
 
 
 def archive(work: Path, env: str, rows: int, seed: int) -> Path:
@@ -122,15 +118,8 @@ def train_run(run: Path, data: Path, steps: int, overrides: list[str]) -> tuple[
 
 
 def train(work: Path, recipe: str, env: str, data: Path) -> tuple[Path, float | None]:
-    overrides = env_overrides(env) + RECIPES[recipe][1]
-    if recipe in STARTS_FROM:  # a second stage: the first stage's critic, exported as a model folder
-        first, _ = train(work, STARTS_FROM[recipe], env, data)
-        hf = work / "exports" / f"{STARTS_FROM[recipe]}-{env}-hf"
-        if not hf.is_dir():
-            subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "export", str(first), "--format", "hf",
-                            "--out", str(hf)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-        overrides += [f"model.name_or_path={hf}", "model.init_from=reward_model"]
-    return train_run(work / "runs" / f"{recipe}-{env}", data, steps_of(recipe, env), overrides)
+    return train_run(work / "runs" / f"{recipe}-{env}", data, steps_of(recipe, env),
+                     env_overrides(env) + RECIPES[recipe][1])
 
 
 SCORE_LENGTH = 8192
