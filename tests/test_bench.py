@@ -65,3 +65,44 @@ def test_ppo_benchmark_verdict_names_the_control_when_it_is_as_good():
     assert "no critic" in said and "is as good" in said
     runs = [run(a, s, r) for s in (0, 1) for a, r in (("warm", 0.95), ("no critic", 0.5))]
     assert "is as good" not in w.verdict(w.summarize(runs, 60.0, 0.8, 10))
+
+
+def _key_response():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "key_response.py"
+    spec = importlib.util.spec_from_file_location("key_response", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_key_response_scores_the_exact_values_as_exact(tmp_path, monkeypatch):
+    """A "critic" that returns the exact values moves exactly as they do at every decisive token
+    (a shift between the script's critic and exact changes would break the correlation); a
+    trained tiny critic runs end to end on the same decisive tokens."""
+    import json as _json
+
+    import pyarrow.dataset as ds
+    import torch
+    from conftest import TINY_MODEL, tiny_overrides, train_main
+
+    from rollouts.synth.archive import write
+    from rollouts.synth.vocab import VOCAB_SIZE
+    data = tmp_path / "ks"
+    write(data, rows=24, seed=3, env="key-steps", median_length=60.0)
+    model = {**TINY_MODEL, "vocab_size": VOCAB_SIZE}
+    assert train_main(tiny_overrides(tmp_path / "run", data, **{"train.max_steps": 2, "checkpoint.save_every": 0,
+                                                               "model.config": _json.dumps(model)})) == 0
+    step = tmp_path / "run" / "step_2"
+    kr = _key_response()
+    trained = kr.summary(kr.changes(step, data, rows=12), threshold=0.01)
+    assert trained["decisive"] > 0 and trained["other"] > trained["decisive"]
+
+    rows = ds.dataset(data).head(12).to_pylist()
+    exact = {tuple(r["input_ids"]): r["oracle_values"] for r in rows}
+    monkeypatch.setattr(kr, "token_values", lambda m, ids, pos: torch.tensor([exact[tuple(ids[0].tolist())]]))
+    s = kr.summary(kr.changes(step, data, rows=12), threshold=0.01)
+    assert s["corr_decisive"] > 0.999999
+    assert s["critic_std_decisive"] == s["exact_std_decisive"] and s["critic_std_other"] == s["exact_std_other"]
+    assert s["decisive"] == trained["decisive"]
