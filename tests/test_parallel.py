@@ -184,3 +184,26 @@ def test_sigterm_to_every_rank_saves_once(toy_data, tmp_path):
     assert len(saved) == 1 and ckpt.verify(out / f"step_{saved[0]}", content=True) is None, log[-3000:]
     assert log.count("stopped by a signal: saved step_") == 2  # each rank stopped after the one save
     assert "Traceback" not in log.split("stopped by a signal")[0]
+
+
+def test_rollouts_per_step_counts_every_rank(toy_data, tmp_path):
+    """train.rollouts_per_step on 2 ranks: grad_accum is sized for the world (about half of one
+    process's), every rank resolves the same one, and the steps hold the rollouts asked for."""
+    want = 24
+    out = tmp_path / "ddp"
+    res = launch("ddp", out, toy_data, **{"train.max_steps": 3, "checkpoint.save_every": 0,
+                                          "train.rollouts_per_step": want})
+    assert res.returncode == 0, res.stderr[-3000:]
+    import yaml
+    two = yaml.safe_load((out / "config.yaml").read_text())["train"]["grad_accum"]
+    said = {line.split("train.grad_accum=")[1].split()[0].rstrip(",") for line in res.stderr.splitlines()
+            if "train.rollouts_per_step=24: train.grad_accum=" in line}
+    assert said == {str(two)}  # one value, however many ranks logged it
+    one = tmp_path / "one"
+    assert train_main(tiny_overrides(one, toy_data, **{"train.max_steps": 3, "checkpoint.save_every": 0,
+                                                       "train.rollouts_per_step": want})) == 0
+    single = yaml.safe_load((one / "config.yaml").read_text())["train"]["grad_accum"]
+    assert single > two >= single // 2 and two >= 1
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    consumed = max(r.get("train/consumed_samples", 0) for r in rows)
+    assert consumed / 3 >= want * 0.8  # the first pass's average, so a step may hold a little less
