@@ -23,17 +23,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from critic_pretrain import checkpoint as ckpt  # noqa: E402
 from critic_pretrain.config_io import load_config  # noqa: E402
-from critic_pretrain.model import build_value_model, position_limit, token_values  # noqa: E402
+from critic_pretrain.eval.from_checkpoint import load_checkpoint_model  # noqa: E402
+from critic_pretrain.model import position_limit, token_values  # noqa: E402
 
 
 def changes(step: Path, rollouts: Path, rows: int) -> dict[str, np.ndarray]:
     """Per policy token with a next token: the critic's and the exact value's change across it."""
-    cfg = load_config(step / "config.yaml")
-    model = build_value_model(cfg.model, init_head=False)
-    ckpt.load_weights(model, step)
-    model.eval()
+    # the checkpoint's own model config: no backbone load, whatever model.name_or_path says
+    model = load_checkpoint_model(step, load_config(step / "config.yaml"), torch.device("cpu"))
     limit = position_limit(model.config) or 1 << 30
     table = ds.dataset(rollouts).head(rows, columns=["input_ids", "loss_mask", "oracle_values"])
     critic, exact = [], []
