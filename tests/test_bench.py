@@ -28,15 +28,20 @@ def test_mfu_formula():
     assert abs(r.mfu(n_matmul=10**9, layers=10, hidden=100, peak_tflops=1.0) - flops / 2.0 / 1e12) < 1e-12
 
 
-def _ppo_warm():
+def _bench(name: str):
+    """bench/<name>.py as a module (bench/ is scripts, not a package)."""
     import importlib.util
 
     from conftest import ROOT
 
-    spec = importlib.util.spec_from_file_location("ppo_warm", ROOT / "bench" / "ppo_warm.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _ppo_warm():
+    return _bench("ppo_warm")
 
 
 def test_ppo_benchmark_continues_its_own_runs_and_refuses_other_settings(tmp_path):
@@ -67,16 +72,6 @@ def test_ppo_benchmark_verdict_names_the_control_when_it_is_as_good():
     assert "is as good" not in w.verdict(w.summarize(runs, 60.0, 0.8, 10))
 
 
-def _key_response():
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "bench" / "key_response.py"
-    spec = importlib.util.spec_from_file_location("key_response", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_key_response_scores_the_exact_values_as_exact(tmp_path, monkeypatch):
     """A "critic" that returns the exact values moves exactly as they do at every decisive token
     (a shift between the script's critic and exact changes would break the correlation); a
@@ -95,7 +90,7 @@ def test_key_response_scores_the_exact_values_as_exact(tmp_path, monkeypatch):
     assert train_main(tiny_overrides(tmp_path / "run", data, **{"train.max_steps": 2, "checkpoint.save_every": 0,
                                                                "model.config": _json.dumps(model)})) == 0
     step = tmp_path / "run" / "step_2"
-    kr = _key_response()
+    kr = _bench("key_response")
     trained = kr.summary(kr.changes(step, data, rows=12), threshold=0.01)
     assert trained["decisive"] > 0 and trained["other"] > trained["decisive"]
 
