@@ -101,3 +101,50 @@ def test_key_response_scores_the_exact_values_as_exact(tmp_path, monkeypatch):
     assert s["corr_decisive"] > 0.999999
     assert s["critic_std_decisive"] == s["exact_std_decisive"] and s["critic_std_other"] == s["exact_std_other"]
     assert s["decisive"] == trained["decisive"]
+
+
+def test_recipe_table_names_the_shipped_default_from_the_config():
+    """bench/recipes.md's "shipped default" is read from configs/demo.yaml, and every recipe names its
+    lambda, so moving the default relabels no recipe and no stored row."""
+    import yaml
+    from conftest import ROOT
+
+    r = _bench("recipe_envs")
+    lam = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["targets"]["lam"]
+    shipped = [name for name in r.RECIPES if r.shipped(name)]
+    assert len(shipped) == 1 and f"TD({lam:g})" in r.RECIPES[shipped[0]][0]
+    assert all(any(o.startswith("targets.lam=") for o in over) for _, over in r.RECIPES.values())
+    row = {"steps": 1200, "all": {"gap_closed": 0.5}, "first": {"gap_closed": 0.4}, "ev": 0.3, "ev_ceiling": 0.5,
+           "ev_group_mean": 0.1, "turn_change_corr": None}
+    cell = {"critic": 0.2, "prompt_only": 0.1, "exact": 0.3}
+    runs = [{**row, "recipe": shipped[0], "env": e, "all": {**cell, "gap_closed": g}}
+            for e, g in zip(r.TUNE, (0.7, 0.2, 0.9, 0.6))]
+    table = r.render({"runs": runs})
+    line = next(x for x in table.splitlines() if x.startswith(f"| **{shipped[0]}** (shipped default)"))
+    assert line.endswith("| 20% | 60% |")  # the worst tuning environment, the choice; then the mean
+
+
+def test_recipe_table_retrains_a_row_whose_targets_differ(tmp_path, monkeypatch):
+    """A stored row is reused only for the targets it ran: after the default's lambda moved, a row
+    trained with another lambda is trained again, never relabelled."""
+    r = _bench("recipe_envs")
+    monkeypatch.setattr(r, "NUMBERS", tmp_path / "n.json")
+    monkeypatch.setattr(r, "DOC", tmp_path / "doc.md")
+    r.DOC.write_text("")
+    trained = []
+    monkeypatch.setattr(r, "archive", lambda work, env, rows, seed: tmp_path / f"{env}-{seed}")
+    monkeypatch.setattr(r, "train", lambda work, recipe, env, data: (trained.append(recipe), (tmp_path, 1.0))[1])
+    monkeypatch.setattr(r, "score", lambda step, heldout: {
+        "all": {"gap_closed": 0.5, "critic": 0.2, "prompt_only": 0.1, "exact": 0.3}, "first": {"gap_closed": 0.5},
+        "ev": 0.3, "ev_ceiling": 0.5, "ev_group_mean": 0.1, "turn_change_corr": None, "value_std": 0.1})
+    stale = {"recipe": "td0.8", "env": "tools", "steps": r.steps_of("td0.8", "tools"),
+             "targets": {**r.targets_of("td0.8", "tools"), "lam": 0.95}, "all": {"gap_closed": 0.1},
+             "first": {"gap_closed": 0.1}}
+    r.NUMBERS.write_text(json.dumps({"runs": [stale]}))
+    monkeypatch.setattr("sys.argv", ["recipe_envs", "--only", "td0.8", "--envs", "tools"])
+    r.main()
+    assert trained == ["td0.8"]
+    row = json.loads(r.NUMBERS.read_text())["runs"][0]
+    assert row["targets"]["lam"] == 0.8 and row["all"]["gap_closed"] == 0.5
+    r.main()  # now it matches: kept
+    assert trained == ["td0.8"]
