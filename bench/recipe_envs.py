@@ -53,6 +53,7 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.95": ("TD(0.95) from its own values, steps of >= 12 rollouts", ["targets.lam=0.95"]),
     "td0.8": ("TD(0.8) from its own values, steps of >= 12 rollouts (the default until session five)",
               ["targets.lam=0.8"]),
+    "td0.98": ("TD(0.98) from its own values, steps of >= 12 rollouts", ["targets.lam=0.98"]),
     "token-steps": ("TD(0.8) with steps of one micro-batch (no train.rollouts_per_step): ~2 rollouts per step on "
                     "long, the same runs as td0.8 elsewhere", ["targets.lam=0.8", "train.rollouts_per_step=null"]),
     "mc": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none"]),
