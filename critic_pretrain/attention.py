@@ -45,6 +45,7 @@ import inspect
 import logging
 import math
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -117,6 +118,17 @@ def kernel_for(device: torch.device, dtype: torch.dtype, x: Extras) -> str:
     return "sdpa"
 
 
+def compute_dtype(value: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in: autocast's where it is on, else the tensors'. Under
+    autocast an fp32 model's query and key leave the rotary embedding in fp32 (the cos/sin
+    tables follow the fp32 residual stream) while value is 16-bit: judging by the query's
+    dtype sent every bf16 CUDA run to per-rollout SDPA, 46 cuDNN calls per layer, each
+    building a graph for its length (docs/LOG.md, 2026-12-04)."""
+    if torch.is_autocast_enabled(value.device.type):
+        return torch.get_autocast_dtype(value.device.type)
+    return value.dtype
+
+
 def backend_for(device: torch.device, dtype: torch.dtype) -> str:
     """The kernel for plain causal layers (no extras) on ``device`` with ``dtype``."""
     return kernel_for(device, dtype, Extras())
@@ -131,7 +143,9 @@ def packed_attention(module, query, key, value, attention_mask, scaling=None, **
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None or query.shape[0] != 1:  # not packed: each row is one causal sequence (right padding)
         return _attend(query, key, value, scaling, x).transpose(1, 2).contiguous(), None
-    kernel = kernel_for(query.device, query.dtype, x)
+    kernel = kernel_for(query.device, compute_dtype(value), x)
+    if _COUNTING is not None:
+        _COUNTING[kernel] += 1
     if kernel == "varlen":
         return _varlen_forward(query, key, value, cu, kwargs["max_length_q"], scaling, x.window), None
     bounds = kwargs.get("cu_seq_lens_cpu")
@@ -187,7 +201,7 @@ def _varlen_forward(query, key, value, cu_seqlens, max_len: int, scaling, window
     varlen_attn, causal, _, has_gqa = _varlen()
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))        # [T, H, D]
     # Under autocast q and k leave the rotary embedding in fp32; the kernel needs one 16-bit dtype.
-    dtype = value.dtype if value.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+    dtype = compute_dtype(value)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     extra = {"window_size": (window - 1, 0)} if window is not None else dict(causal)
     if k.shape[1] != q.shape[1]:
@@ -205,6 +219,23 @@ def _varlen_forward(query, key, value, cu_seqlens, max_len: int, scaling, window
 # What a model asks of its attention, found once at start-up
 
 _RECORDING: list | None = None
+_COUNTING: Counter | None = None
+
+
+@contextmanager
+def count_kernels():
+    """Count the kernel each packed attention call runs (tests hold it against the plan)::
+
+        with count_kernels() as used:
+            model(...)
+        assert used == plan.kernels(device, dtype)   # one forward: one call per layer
+    """
+    global _COUNTING
+    _COUNTING = Counter()
+    try:
+        yield _COUNTING
+    finally:
+        _COUNTING = None
 
 
 @dataclass

@@ -182,27 +182,82 @@ def test_startup_line_names_kernels_and_features():
     assert cuda == {expect: 2}
 
 
+def test_kernel_is_chosen_by_the_autocast_dtype(monkeypatch):
+    """Under autocast an fp32 model's query leaves RoPE in fp32 while value is bf16: the kernel
+    must be chosen for bf16 (on CUDA, varlen), as the start-up line says. Choosing by the
+    query's dtype sent every bf16 GPU run to per-rollout SDPA (12k tokens/s at 0.5B on an H200)."""
+    seen = []
+    real = attention.kernel_for
+    monkeypatch.setattr(attention, "kernel_for", lambda device, dtype, x: seen.append(dtype) or real(device, dtype, x))
+    torch.manual_seed(0)
+    model = build_value_model(ModelConfig(config=FAMILIES["qwen2"])).eval()
+    ids = torch.randint(1, 64, (1, 24))
+    pos = torch.cat([torch.arange(16), torch.arange(8)])[None]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), attention.count_kernels() as used:
+        token_values(model, ids, pos, seq_lens=torch.tensor([16, 8], dtype=torch.int32))
+    assert seen == [torch.bfloat16] * 2 and used == {"sdpa": 2}  # 2 layers; CPU has no varlen
+    assert attention.compute_dtype(torch.zeros(1)) == torch.float32  # no autocast: the tensors' dtype
+
+
+def _routes(model, top_k: int):
+    """Record each MoE router's chosen experts per token ([T, top_k], sorted) as the model runs."""
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append(
+        [t for t in (o if isinstance(o, tuple) else (o,)) if not t.is_floating_point()][-1]
+        .reshape(-1, top_k).sort(-1).values)) for name, m in model.named_modules() if name.endswith("mlp.router")]
+    return seen, hooks
+
+
+def compare_packed_to_eager(family: str, device: str, dtype: torch.dtype):
+    """Our packed forward vs the consumer's eager class one rollout at a time, under autocast
+    ``dtype`` on ``device``. Returns (ours, eager, kernels the plan names, kernels that ran,
+    tokens whose MoE routing differs between the two)."""
+    import copy
+    torch.manual_seed(0)
+    config = {**FAMILIES[family], "sliding_window": 64}
+    model = build_value_model(ModelConfig(config=config, head_std=1.0)).to(device).eval()
+    ref = AutoModelForTokenClassification.from_config(copy.deepcopy(model.config), attn_implementation="eager")
+    ref.load_state_dict(model.state_dict())
+    ref = ref.to(device).eval()
+    lens = [300, 900, 64, 17]
+    ids = torch.randint(1, 64, (1, sum(lens)), device=device)
+    pos = torch.cat([torch.arange(n) for n in lens])[None].to(device)
+    bounds = torch.tensor([0, *lens]).cumsum(0).tolist()
+    top_k = config.get("num_experts_per_tok", 1)
+    ours_routes, h1 = _routes(model, top_k)
+    ref_routes, h2 = _routes(ref, top_k)
+    with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+        with attention.count_kernels() as used:
+            ours = token_values(model, ids, pos, seq_lens=torch.tensor(lens, dtype=torch.int32))[0]
+        want = torch.cat([token_values(ref, ids[:, s:e], pos[:, s:e])[0] for s, e in zip(bounds[:-1], bounds[1:])])
+    for h in h1 + h2:
+        h.remove()
+    flipped = torch.zeros(sum(lens), dtype=torch.bool, device=device)
+    layers = len(ours_routes)
+    for layer in range(layers):  # ours: one call per layer; eager: one per layer per rollout, rollout-major
+        flipped |= (ours_routes[layer] != torch.cat(ref_routes[layer::layers])).any(-1)
+    return ours, want, model.attention_plan.kernels(torch.device(device), dtype), used, flipped
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("family", ["mistral", "qwen2", "gemma2", "gpt_oss"])
 def test_cuda_kernels_match_eager(family):
     """bf16 on CUDA: varlen with window_size (Mistral, Qwen2) and the per-rollout eager formula
-    (Gemma 2 softcap, gpt-oss sinks) against eager attention one rollout at a time."""
-    import copy
-    torch.manual_seed(0)
-    config = {**FAMILIES[family], "sliding_window": 64}
-    model = build_value_model(ModelConfig(config=config, head_std=1.0)).cuda().eval()
-    ref = AutoModelForTokenClassification.from_config(copy.deepcopy(model.config), attn_implementation="eager")
-    ref.load_state_dict(model.state_dict())
-    ref = ref.cuda().eval()
-    lens = [300, 900, 64, 17]
-    ids = torch.randint(1, 64, (1, sum(lens)), device="cuda")
-    pos = torch.cat([torch.arange(n) for n in lens])[None].cuda()
-    bounds = torch.tensor([0, *lens]).cumsum(0).tolist()
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        ours = token_values(model, ids, pos, seq_lens=torch.tensor(lens, dtype=torch.int32))[0]
-        want = torch.cat([token_values(ref, ids[:, s:e], pos[:, s:e])[0] for s, e in zip(bounds[:-1], bounds[1:])])
-    kernels = model.attention_plan.kernels(torch.device("cuda"), torch.bfloat16)
-    print(family, dict(kernels), "max |diff|", float((ours - want).abs().max()), "max |value|",
-          float(want.abs().max()))
-    torch.testing.assert_close(ours, want, rtol=2e-2, atol=2e-2 * max(1.0, float(want.abs().max())))
+    (Gemma 2 softcap, gpt-oss sinks) against eager attention one rollout at a time.
+
+    gpt-oss is a mixture of experts: in bf16 a near-tie in a router's top-k can go either way
+    between two exact attentions (on the H200, 2 of 1,281 tokens, values off by 1.9). Such
+    tokens are found by recording both models' routing and left out of the bf16 comparison
+    (a value at t reads the hidden state at t - 1); in fp32 nothing flips and all must match."""
+    ours, want, kernels, used, flipped = compare_packed_to_eager(family, "cuda", torch.bfloat16)
+    print(family, dict(kernels), "ran", dict(used), "max |diff|", float((ours - want).abs().max()), "max |value|",
+          float(want.abs().max()), "routing flips", int(flipped.sum()))
+    assert used == kernels  # the start-up line names the kernels that run
+    assert int(flipped.sum()) <= 0.01 * len(flipped)
+    keep = ~torch.cat([flipped.new_zeros(1), flipped[:-1]])
+    torch.testing.assert_close(ours[keep], want[keep], rtol=2e-2, atol=2e-2 * max(1.0, float(want.abs().max())))
+    if family == "gpt_oss":
+        ours, want, _, _, flipped = compare_packed_to_eager(family, "cuda", torch.float32)
+        assert not flipped.any()
+        torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4 * max(1.0, float(want.abs().max())))

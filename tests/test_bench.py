@@ -148,3 +148,12 @@ def test_recipe_table_retrains_a_row_whose_targets_differ(tmp_path, monkeypatch)
     assert row["targets"]["lam"] == 0.8 and row["all"]["gap_closed"] == 0.5
     r.main()  # now it matches: kept
     assert trained == ["td0.8"]
+
+
+def test_profile_step_names_the_top_operators(capsys):
+    """bench/profile_step.py: tokens/s and an operator table per variant (what found the
+    per-rollout SDPA on the H200)."""
+    assert _bench("profile_step").main(["--shape", "tiny", "--steps", "1", "--warmup", "1", "--top", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "## ours: parameters torch.float32, attention critic_packed" in out and "## baseline" in out
+    assert out.count("real tokens/s over 1 steps") == 2 and "aten::mm" in out
