@@ -50,7 +50,8 @@ HELDOUT = ("reveal", "long-tools", "dense")
 TARGET = 0.6
 """The gap the default recipe must close on every held-out environment (issue 23)."""
 RECIPES: dict[str, tuple[str, list[str]]] = {
-    "td0.95": ("TD(0.95) from its own values, steps of >= 12 rollouts", ["targets.lam=0.95"]),
+    "td0.95": ("TD(0.95) from its own values, steps of >= 12 rollouts (the default in session five)",
+               ["targets.lam=0.95"]),
     "td0.8": ("TD(0.8) from its own values, steps of >= 12 rollouts (the default until session five)",
               ["targets.lam=0.8"]),
     "td0.98": ("TD(0.98) from its own values, steps of >= 12 rollouts", ["targets.lam=0.98"]),

@@ -126,9 +126,9 @@ def held_out_of(run_dir) -> dict | None:
 
 def recipe_choice(summaries: list[RunSummary]) -> list[str]:
     """The oracle-free rule (docs/warm.md, *Choosing a recipe without an oracle*): among runs that
-    validate on the same held-out rollouts, the highest final validation EV. On the synthetic
-    environments it picks the exact values' recipe or one within a point, except on key-steps
-    (TD(0.95), 6 points short of the default: bench/recipes.md)."""
+    validate on the same held-out rollouts, the highest final validation EV. On each synthetic
+    environment it picks the exact values' recipe or one within a point (bench/recipes.md,
+    *Choosing without an oracle*)."""
     scored = [s for s in summaries if s.final.get("val/explained_variance") is not None]
     if len(scored) < 2:
         return []
