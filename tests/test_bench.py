@@ -157,3 +157,21 @@ def test_profile_step_names_the_top_operators(capsys):
     out = capsys.readouterr().out
     assert "## ours: parameters torch.float32, attention critic_packed" in out and "## baseline" in out
     assert out.count("real tokens/s over 1 steps") == 2 and "aten::mm" in out
+
+
+def test_length_sweep_trains_the_shipped_default_per_median(tmp_path, monkeypatch):
+    """bench/length_sweep.py: one run per median with the shipped config's schedule and no recipe
+    overrides beyond the long-row budget, scored like recipe_envs, one JSON line per median."""
+    s = _bench("length_sweep")
+    made, trained = [], []
+    monkeypatch.setattr(s, "archive", lambda work, median, rows, seed: made.append((median, rows, seed)) or tmp_path)
+    monkeypatch.setattr(s.recipe_envs, "train_run", lambda run, data, steps, over: (
+        trained.append((run.name, steps, over)), (tmp_path / f"step_{steps}", 1.0))[1])
+    monkeypatch.setattr(s.recipe_envs, "score", lambda step, heldout: {"all": {"gap_closed": 0.5}})
+    out = tmp_path / "rows.jsonl"
+    assert s.main(["--medians", "1000", "2000", "--work", str(tmp_path), "--json", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["median"] for r in rows] == [1000, 2000] and rows[0]["all"]["gap_closed"] == 0.5
+    steps = s.recipe_envs.steps_of("td0.98", "long")
+    assert trained == [("tools-1000", steps, ["data.max_tokens=8192"]), ("tools-2000", steps, ["data.max_tokens=8192"])]
+    assert (1000, s.recipe_envs.TRAIN_ROWS, 0) in made and (2000, 800, s.recipe_envs.HELDOUT_SEED) in made
