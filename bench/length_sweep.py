@@ -7,7 +7,10 @@ nothing of the gap, where `tools` at 200 tokens closes 68-77%. This sweep fills 
 between on tuning data (fresh archives, not long-tools' own), so it diagnoses without spending the
 held-out environment.
 
-    python bench/length_sweep.py --medians 1000 2000 --work /work/length-sweep
+    python bench/length_sweep.py --medians 1000 2000 --work /work/length-sweep --json bench/length_sweep.jsonl
+
+Recorded (bench/length_sweep.jsonl, TD(0.98), 1,200 steps, 800 fresh rows each): median 1,000
+closes 59% of the gap, 2,000 46%; `tools` (median 200) 68%, `long-tools` (4,000) -7%.
 """
 
 from __future__ import annotations
