@@ -124,8 +124,9 @@ def compute_dtype(value: torch.Tensor) -> torch.dtype:
     tables follow the fp32 residual stream) while value is 16-bit: judging by the query's
     dtype sent every bf16 CUDA run to per-rollout SDPA, 46 cuDNN calls per layer, each
     building a graph for its length (docs/LOG.md, 2026-12-04)."""
-    if torch.is_autocast_enabled(value.device.type):
-        return torch.get_autocast_dtype(value.device.type)
+    kind = value.device.type  # "meta" (the memory planner's tracing) has no autocast to ask
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
     return value.dtype
 
 
