@@ -9,6 +9,13 @@ held-out environment.
 
     python bench/length_sweep.py --medians 1000 2000 --work /work/length-sweep --json bench/length_sweep.jsonl
 
+Cut or length? `long-tools`' generator cuts at 8,192 and the demo model's 4,096 positions cut
+45% of its rows again (their return kept). The same rows with a model of 8,192 positions, fresh
+seeds, at a median other than long-tools' own (so the held-out distribution stays unseen):
+
+    python bench/length_sweep.py --medians 3000 --generator-cut 8192 --positions 4096 --seed 1 ...
+    python bench/length_sweep.py --medians 3000 --generator-cut 8192 --positions 8192 --seed 1 ...
+
 Recorded (bench/length_sweep.jsonl, TD(0.98), 1,200 steps, 800 fresh rows each): median 1,000
 closes 59% of the gap, 2,000 46%; `tools` (median 200) 68%, `long-tools` (4,000) -7%.
 """
@@ -27,12 +34,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 import recipe_envs  # noqa: E402
 
 
-def archive(work: Path, median: int, rows: int, seed: int) -> Path:
-    out = work / "data" / f"tools-{median}-{seed}"
+def archive(work: Path, median: int, rows: int, seed: int, cut: int = 4096) -> Path:
+    """`tools` rows at ``median`` tokens, cut at ``cut`` tokens by the generator (a row cut there
+    earns 0; long-tools cuts at 8,192)."""
+    out = work / "data" / (f"tools-{median}-{seed}" + (f"-g{cut}" if cut != 4096 else ""))
     if not (out / "_synth.json").is_file():
         subprocess.run([sys.executable, "-m", "rollouts", "synth", "--env", "tools", "--out", str(out), "--rows",
-                        str(rows), "--seed", str(seed), "--median-length", str(median), "--max-length", "4096",
-                        "--length-sigma", "0.6", "--overwrite"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+                        str(rows), "--seed", str(seed), "--median-length", str(median), "--max-length",
+                        str(cut), "--length-sigma", "0.6", "--overwrite"], check=True, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
     return out
 
 
@@ -42,14 +52,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/length-sweep"))
     ap.add_argument("--heldout-rows", type=int, default=800)
     ap.add_argument("--json", type=Path, default=None, help="append one line per median here")
+    ap.add_argument("--positions", type=int, default=4096,
+                    help="the model's max_position_embeddings: 4,096 is configs/demo.yaml's (it cuts 45%% of "
+                         "long-tools' rows, keeping their return); 8,192 keeps every row whole")
+    ap.add_argument("--generator-cut", type=int, default=4096,
+                    help="where the generator cuts rows (a row cut there earns 0): 4,096 for the recorded rows, "
+                         "8,192 as in long-tools (a 4,096-position model then cuts them again, keeping the return)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="archive seed (held-out rows: 101 + seed); 0 for the recorded rows, others for fresh rows")
     args = ap.parse_args(argv)
     steps = recipe_envs.steps_of("td0.98", "long")  # configs/demo.yaml's schedule
+    over = [f"data.max_tokens={max(8192, args.positions)}"] + (
+        [f"model.config.max_position_embeddings={args.positions}"] if args.positions != 4096 else [])
     for median in args.medians:
-        data = archive(args.work, median, recipe_envs.TRAIN_ROWS, seed=0)
-        heldout = archive(args.work, median, args.heldout_rows, seed=recipe_envs.HELDOUT_SEED)
-        step, seconds = recipe_envs.train_run(args.work / "runs" / f"tools-{median}", data, steps,
-                                              ["data.max_tokens=8192"])
-        row = {"median": median, "steps": steps, "train_seconds": seconds, **recipe_envs.score(step, heldout)}
+        cut = args.generator_cut
+        data = archive(args.work, median, recipe_envs.TRAIN_ROWS, args.seed, cut)
+        heldout = archive(args.work, median, args.heldout_rows, recipe_envs.HELDOUT_SEED + args.seed, cut)
+        name = f"tools-{median}" + "".join(f"-{k}{v}" for k, v, default in (
+            ("g", cut, 4096), ("p", args.positions, 4096), ("s", args.seed, 0)) if v != default)
+        step, seconds = recipe_envs.train_run(args.work / "runs" / name, data, steps, over)
+        row = {"median": median, "generator_cut": cut, "positions": args.positions, "seed": args.seed, "steps": steps,
+               "train_seconds": seconds, **recipe_envs.score(step, heldout)}
         print(json.dumps(row))
         if args.json:
             with args.json.open("a") as f:

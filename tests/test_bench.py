@@ -164,7 +164,8 @@ def test_length_sweep_trains_the_shipped_default_per_median(tmp_path, monkeypatc
     overrides beyond the long-row budget, scored like recipe_envs, one JSON line per median."""
     s = _bench("length_sweep")
     made, trained = [], []
-    monkeypatch.setattr(s, "archive", lambda work, median, rows, seed: made.append((median, rows, seed)) or tmp_path)
+    monkeypatch.setattr(s, "archive", lambda work, median, rows, seed, cut: made.append((median, rows, seed, cut))
+                        or tmp_path)
     monkeypatch.setattr(s.recipe_envs, "train_run", lambda run, data, steps, over: (
         trained.append((run.name, steps, over)), (tmp_path / f"step_{steps}", 1.0))[1])
     monkeypatch.setattr(s.recipe_envs, "score", lambda step, heldout: {"all": {"gap_closed": 0.5}})
@@ -174,4 +175,11 @@ def test_length_sweep_trains_the_shipped_default_per_median(tmp_path, monkeypatc
     assert [r["median"] for r in rows] == [1000, 2000] and rows[0]["all"]["gap_closed"] == 0.5
     steps = s.recipe_envs.steps_of("td0.98", "long")
     assert trained == [("tools-1000", steps, ["data.max_tokens=8192"]), ("tools-2000", steps, ["data.max_tokens=8192"])]
-    assert (1000, s.recipe_envs.TRAIN_ROWS, 0) in made and (2000, 800, s.recipe_envs.HELDOUT_SEED) in made
+    assert (1000, s.recipe_envs.TRAIN_ROWS, 0, 4096) in made and (2000, 800, s.recipe_envs.HELDOUT_SEED, 4096) in made
+    # the cut-or-length probe: long-tools' generator cut, a model with 8,192 positions, fresh seeds
+    made.clear(), trained.clear()
+    assert s.main(["--medians", "4000", "--work", str(tmp_path), "--generator-cut", "8192", "--positions", "8192",
+                   "--seed", "1"]) == 0
+    assert made == [(4000, s.recipe_envs.TRAIN_ROWS, 1, 8192), (4000, 800, s.recipe_envs.HELDOUT_SEED + 1, 8192)]
+    assert trained == [("tools-4000-g8192-p8192-s1", steps, ["data.max_tokens=8192",
+                                                            "model.config.max_position_embeddings=8192"])]
