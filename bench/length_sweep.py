@@ -17,7 +17,10 @@ seeds, at a median other than long-tools' own (so the held-out distribution stay
     python bench/length_sweep.py --medians 3000 --generator-cut 8192 --positions 8192 --seed 1 ...
 
 Recorded (bench/length_sweep.jsonl, TD(0.98), 1,200 steps, 800 fresh rows each): median 1,000
-closes 59% of the gap, 2,000 46%; `tools` (median 200) 68%, `long-tools` (4,000) -7%.
+closes 59% of the gap, 2,000 46% (generator cut 4,096); `tools` (median 200) 68%, `long-tools`
+(4,000) -7%. Long-tools-shaped rows (generator cut 8,192, seed 1): median 3,000 58% with the
+4,096-position model, 41% with 8,192 positions (the rows' tails scored too); median 4,000 (long-tools'
+own distribution, a second draw: a measurement, not a choice) 52%.
 """
 
 from __future__ import annotations
