@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,13 +39,9 @@ import recipe_envs  # noqa: E402
 def archive(work: Path, median: int, rows: int, seed: int, cut: int = 4096) -> Path:
     """`tools` rows at ``median`` tokens, cut at ``cut`` tokens by the generator (a row cut there
     earns 0; long-tools cuts at 8,192)."""
-    out = work / "data" / (f"tools-{median}-{seed}" + (f"-g{cut}" if cut != 4096 else ""))
-    if not (out / "_synth.json").is_file():
-        subprocess.run([sys.executable, "-m", "rollouts", "synth", "--env", "tools", "--out", str(out), "--rows",
-                        str(rows), "--seed", str(seed), "--median-length", str(median), "--max-length",
-                        str(cut), "--length-sigma", "0.6", "--overwrite"], check=True, cwd=ROOT,
-                       stdout=subprocess.DEVNULL)
-    return out
+    name = f"tools-{median}-{seed}" + (f"-g{cut}" if cut != 4096 else "")
+    return recipe_envs.archive(work, "tools", rows, seed, name,
+                               ("--median-length", str(median), "--max-length", str(cut), "--length-sigma", "0.6"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,11 +92,15 @@ schedule it did not run; the same holds for the targets (``targets_of``)."""
 CONFIG = ROOT / "configs" / "demo.yaml"
 
 
-def archive(work: Path, env: str, rows: int, seed: int) -> Path:
-    out = work / "data" / f"{env}-{seed}"
+def archive(work: Path, env: str, rows: int, seed: int, name: str | None = None, flags: tuple[str, ...] = ()) -> Path:
+    """``rows`` rollouts of ``env`` drawn with ``seed`` under ``work/data/<name>`` (default
+    ``<env>-<seed>``), generated unless there; ``flags`` are extra ``rollouts synth`` settings
+    (``--median-length 3000``...), so a name must say them."""
+    out = work / "data" / (name or f"{env}-{seed}")
     if not (out / "_synth.json").is_file():
         subprocess.run([sys.executable, "-m", "rollouts", "synth", "--env", env, "--out", str(out), "--rows",
-                        str(rows), "--seed", str(seed), "--overwrite"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+                        str(rows), "--seed", str(seed), *flags, "--overwrite"], check=True, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
     return out
 
 
