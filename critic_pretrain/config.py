@@ -179,6 +179,15 @@ class DataConfig:
         need(self.num_workers is None or self.num_workers >= 0, "data.num_workers must be >= 0")
 
 
+def scheduled_lam(lam: float, lam_end: float | None, step: int, max_steps: int) -> float:
+    """`targets.lam_end`'s schedule: lambda at optimizer step ``step`` of ``max_steps``, linear
+    from ``lam`` to ``lam_end`` (``lam`` throughout when ``lam_end`` is None). Owned here so
+    training and a checkpoint's reader (``checkpoint.Manifest``) agree on it."""
+    if lam_end is None:
+        return lam
+    return lam + (lam_end - lam) * min(max(step / max(max_steps, 1), 0.0), 1.0)
+
+
 @dataclass
 class TargetsConfig:
     gamma: float = 1.0
@@ -196,6 +205,11 @@ class TargetsConfig:
     `n` policy tokens bootstraps with lambda = 1 - 1 / (lam_alpha * n), so long rollouts lean on
     their rewards and short ones on the values; replaces `lam` (needs bootstrap values). Null:
     `lam` for every rollout."""
+    lam_end: float | None = None
+    """With `values_from: critic`: lambda moves linearly from `lam` at step 0 to this at
+    `train.max_steps` (a function of the optimizer step alone, so a resume is exact): a high
+    lambda early carries the outcome's credit far back, a low one late fits each token's value
+    to the next ones'. Null: `lam` throughout."""
     refresh_every: int = 0
     """With `values_from: critic`: bootstrap from a frozen copy of the critic (a target network)
     refreshed every this many optimizer steps, as PPO bootstraps from the values of the critic
@@ -214,11 +228,16 @@ class TargetsConfig:
         with `values_from: critic` the train loss and EV are against the critic's own TD targets,
         validation against Monte-Carlo returns, and the two are not comparable."""
         if self.values_from == "critic":
-            return f"TD({self.lam:g}) of its own values", "Monte-Carlo returns"
+            lam = f"{self.lam:g}" if self.lam_end is None else f"{self.lam:g} -> {self.lam_end:g}"
+            return f"TD({lam}) of its own values", "Monte-Carlo returns"
         if self.values_from == "data":
             kind = f"GAE({self.lam:g}) returns of the rollouts' values"
             return kind, kind
         return "Monte-Carlo returns", "Monte-Carlo returns"
+
+    def lam_at(self, step: int, max_steps: int) -> float:
+        """The critic's lambda at optimizer step ``step`` of ``max_steps`` (`lam_end`'s schedule)."""
+        return scheduled_lam(self.lam, self.lam_end, step, max_steps)
 
     def __post_init__(self):
         need(0.0 < self.gamma <= 1.0, f"targets.gamma={self.gamma} must be in (0, 1]")
@@ -229,6 +248,10 @@ class TargetsConfig:
         need(self.lam_alpha is None or self.lam_alpha > 0, f"targets.lam_alpha={self.lam_alpha} must be > 0 or null")
         need(self.lam_alpha is None or self.values_from != "none",
              f"targets.lam_alpha={self.lam_alpha} needs bootstrap values (targets.values_from=critic or data)")
+        need(self.lam_end is None or 0.0 <= self.lam_end <= 1.0, f"targets.lam_end={self.lam_end} must be in [0, 1]")
+        need(self.lam_end is None or (self.values_from == "critic" and self.lam_alpha is None),
+             f"targets.lam_end={self.lam_end} needs targets.values_from=critic and no targets.lam_alpha (the "
+             "schedule moves the lambda of the critic's own TD targets)")
         need(self.refresh_every >= 0, f"targets.refresh_every={self.refresh_every} must be >= 0 (0: no target network)")
         need(self.refresh_every == 0 or self.values_from == "critic",
              f"targets.refresh_every={self.refresh_every} needs targets.values_from=critic (it refreshes the copy "

@@ -332,6 +332,7 @@ def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], ac
     global_valid = accelerator.reduce(torch.tensor(float(local_valid), device=device), "sum")
     scale = accelerator.num_processes / global_valid.clamp_min(1.0)
     sums = torch.zeros(N_SUMS, dtype=torch.float64, device=device)
+    gamma, lam = cfg.targets.gamma, cfg.targets.lam_at(scheduler.last_epoch, cfg.train.max_steps)  # lam_end: per step
     for i, mb in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else accelerator.no_sync(model):  # all-reduce grads once
@@ -342,8 +343,7 @@ def train_step(model, optimizer, scheduler, micro_batches: list[PackedBatch], ac
                 if target is not None:  # one more forward, no graph
                     with torch.no_grad(), accelerator.autocast():
                         boot = token_values(target, mb.input_ids, mb.position_ids, seq_lens=mb.seq_lens)
-                targets = bootstrapped_returns(boot, mb, gamma=cfg.targets.gamma, lam=cfg.targets.lam,
-                                               lam_alpha=cfg.targets.lam_alpha)
+                targets = bootstrapped_returns(boot, mb, gamma=gamma, lam=lam, lam_alpha=cfg.targets.lam_alpha)
             sq_err = mb.weights * (values - targets).square()                                        # [1, N]
             accelerator.backward(sq_err.sum() * scale)
         sums += value_sums(values, targets, mb.weights)

@@ -114,6 +114,20 @@ def test_shared_lambda_frameworks_keep_the_actors_lambda_after_td_pretraining(ta
     assert f"{key}1" in mc and f"{key}<actor's lambda>" in td and "TD(0.8)" in td and f"{key}0.8" not in td
 
 
+
+def test_a_lambda_schedule_hands_ppo_the_lambda_of_the_step():
+    """targets.lam_end: a seed's lambda, as the check and the paste lines report it, is the one
+    that step was last trained with (the schedule's value there), not the starting `lam`."""
+    targets = {"gamma": 1.0, "lam": 0.98, "lam_end": 0.8, "values_from": "critic"}
+    at = {step: ckpt.Manifest({"step": step, "max_steps": 1200, "targets": targets}).effective_targets["lam"]
+          for step in (0, 600, 1200)}
+    assert at == pytest.approx({0: 0.98, 600: 0.89, 1200: 0.8})
+    fixed = ckpt.Manifest({"step": 600, "max_steps": 1200, "targets": {**targets, "lam_end": None}})
+    assert fixed.effective_targets["lam"] == 0.98
+    end = ckpt.Manifest({"step": 1200, "max_steps": 1200, "targets": targets}).effective_targets
+    text = "\n".join(config_lines("nemo-rl", Path("/s/step_1200"), {"targets": end}))
+    assert "gae_lambda_value: 0.8" in text
+
 # ---------------------------------------------------------------------------------------------
 # The path
 

@@ -382,6 +382,53 @@ def test_td_lambda_from_the_critic_trains_on_its_own_bootstrapped_targets(toy_da
     assert any("val/explained_variance" in r for r in records)
 
 
+def test_lam_end_moves_lambda_with_the_optimizer_step(toy_data, tmp_path):
+    """targets.lam_end: at optimizer step 5 of 10 the step's targets are the reference loop's
+    GAE at lambda halfway from `lam` to `lam_end`, not at either end."""
+    import numpy as np
+    from accelerate import Accelerator
+    from reference_gae import reference_gae
+
+    from critic_pretrain.config_io import load_config
+    from critic_pretrain.data import collate_packed, prepare_store
+    from critic_pretrain.model import build_value_model, token_values
+    from critic_pretrain.optim import build_optimizer, build_scheduler
+    from critic_pretrain.train import train_step
+
+    cfg = load_config(None, tiny_overrides(tmp_path / "run", toy_data, **{
+        "targets.lam": 0.9, "targets.lam_end": 0.5, "targets.values_from": "critic", "train.max_steps": 10}))
+    assert [cfg.targets.lam_at(s, 10) for s in (0, 5, 10, 12)] == pytest.approx([0.9, 0.7, 0.5, 0.5])
+    store = prepare_store([str(toy_data)], tmp_path / "cache", cfg.data, cfg.targets)
+    batch = collate_packed(store, np.arange(6), 256, with_rewards=True)
+    torch.manual_seed(0)
+    model = build_value_model(cfg.model)
+    with torch.no_grad():
+        values = token_values(model, batch.input_ids, batch.position_ids, seq_lens=batch.seq_lens)
+
+    def expected_sq(lam: float) -> float:
+        want, start = [], 0
+        for n in batch.seq_lens.tolist():
+            part = slice(start, start + n)
+            mask = (batch.weights[:, part] > 0).float()
+            want.append(reference_gae(batch.rewards[:, part], mask, gamma=1.0, lam=lam, values=values[:, part])[1][0])
+            start += n
+        return float((batch.weights * (values - torch.cat(want)[None]).square()).sum())
+
+    opt = build_optimizer(model, cfg.optim, torch.device("cpu"))
+    scheduler = build_scheduler(opt, cfg.optim, 10)
+    for _ in range(5):
+        scheduler.step()
+    sums, _, _ = train_step(model, opt, scheduler, [batch], Accelerator(cpu=True), cfg)
+    assert float(sums[1]) == pytest.approx(expected_sq(0.7), rel=1e-5)
+    assert float(sums[1]) != pytest.approx(expected_sq(0.9), rel=1e-3)
+    assert float(sums[1]) != pytest.approx(expected_sq(0.5), rel=1e-3)
+
+
+def test_lam_end_needs_the_critics_own_targets(toy_data, tmp_path, capsys):
+    assert train(tmp_path / "mc", toy_data, **{"targets.lam_end": 0.8}) == 2
+    assert "targets.lam_end=0.8 needs targets.values_from=critic" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------
 # targets.refresh_every: TD targets from a target network
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from rollouts import fileio
 from rollouts.provenance import RewardsLogged
 
+from ..config import scheduled_lam
 from ..model import count_parameters
 from .layout import FORMAT_VERSION, MANIFEST
 
@@ -133,9 +134,15 @@ class Manifest:
     def effective_targets(self) -> dict | None:
         """The targets with the reward transform taken relative to the raw reward: the archive's
         own scaling (``data.rewards.logged``, e.g. a NeMo-RL dump's) composed with the targets'
-        transform. As recorded when the archive did not say."""
+        transform, and with ``targets.lam_end`` the lambda of this step as ``lam``. As recorded
+        when the archive did not say."""
+        targets = self.targets
+        if targets and targets.get("lam_end") is not None and self.step is not None:
+            # targets.lam_end: the lambda this step was last trained with, which is what PPO inherits
+            targets = {**targets, "lam": scheduled_lam(targets.get("lam", 1.0), targets["lam_end"], self.step,
+                                                       self.raw.get("max_steps") or self.step)}
         logged = (self.rewards or {}).get("logged")
-        return RewardsLogged.from_dict(logged).compose(self.targets) if self.targets and logged else self.targets
+        return RewardsLogged.from_dict(logged).compose(targets) if targets and logged else targets
 
     @property
     def model_name_or_path(self) -> str | None:

@@ -181,8 +181,9 @@ def values_page(step_dir: str | os.PathLike, run_name: str, n: int = PAGE_ROLLOU
             oracle=batch.oracle[0].tolist() if batch.oracle is not None else None,
             cuts={int(c["position"]): c for c in audit.get(row_hash, [])} if audit else {}))
     info = ckpt.StepPaths(step_dir).read_training_info() or {}
+    lam = cfg.targets.lam_at(info.get("total_steps") or 0, cfg.train.max_steps)  # targets.lam_end: this step's
     return ValuesPage(run=run_name, step_dir=step_dir, step=info.get("total_steps"), gamma=gamma,
-                      lam=float(cfg.targets.lam), transform=reward_transform(cfg.targets).to_dict(), decoded=decoded,
+                      lam=float(lam), transform=reward_transform(cfg.targets).to_dict(), decoded=decoded,
                       audit=audit_note(audit, out) if audit else None, rollouts=out)
 
 
