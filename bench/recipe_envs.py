@@ -55,6 +55,11 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.8": ("TD(0.8) from its own values, steps of >= 12 rollouts (the default until session five)",
               ["targets.lam=0.8"]),
     "td0.98": ("TD(0.98) from its own values, steps of >= 12 rollouts", ["targets.lam=0.98"]),
+    "td0.98-0.8": ("TD from its own values, lambda 0.98 at the start to 0.8 at the end (linear, targets.lam_end)",
+                   ["targets.lam=0.98", "targets.lam_end=0.8"]),
+    "td0.98-seed1": ("the shipped TD(0.98) with training seed 1 (another initialization, data order and validation "
+                     "split of the same rows): whether a seed rescues a draw that failed",
+                     ["targets.lam=0.98", "seed=1"]),
     "token-steps": ("TD(0.8) with steps of one micro-batch (no train.rollouts_per_step): ~2 rollouts per step on "
                     "long, the same runs as td0.8 elsewhere", ["targets.lam=0.8", "train.rollouts_per_step=null"]),
     "mc": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none"]),
