@@ -206,10 +206,12 @@ class TargetsConfig:
     their rewards and short ones on the values; replaces `lam` (needs bootstrap values). Null:
     `lam` for every rollout."""
     lam_end: float | None = None
-    """With `values_from: critic`: lambda moves linearly from `lam` at step 0 to this at
-    `train.max_steps` (a function of the optimizer step alone, so a resume is exact): a high
-    lambda early carries the outcome's credit far back, a low one late fits each token's value
-    to the next ones'. Null: `lam` throughout."""
+    """With `values_from: critic` and no `lam_alpha`: lambda moves linearly from `lam` at step 0
+    to this at `train.max_steps`, above or below `lam` (a function of the optimizer step alone,
+    so a resume is exact; a resume that changes `train.max_steps` would rescale it and is refused
+    unless allowed). Logged as `train/lambda`; the seed check reports the step's lambda. Null:
+    `lam` throughout. On the synthetic environments 0.98 -> 0.8 won on short rollouts and lost
+    2k-token ones (bench/recipes.md)."""
     refresh_every: int = 0
     """With `values_from: critic`: bootstrap from a frozen copy of the critic (a target network)
     refreshed every this many optimizer steps, as PPO bootstraps from the values of the critic

@@ -137,7 +137,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     lock = ckpt.lock_output_dir(out) if accelerator.is_main_process else None  # one run per output_dir, until exit
     if lock is not None and cleanup is not None:
         cleanup.callback(lock.close)
-    resume_dir, layout, config_changes, data_changes = resume_point(cfg, layout)
+    resume_dir, layout, config_changes, data_changes = resume.resume_point(cfg, layout)
     if accelerator.is_main_process:
         write_config(cfg, out)
     from accelerate.utils import set_seed
@@ -190,23 +190,6 @@ def make_accelerator(cfg: Config):
     return accelerator, trackers, mp
 
 
-def resume_point(cfg: Config, layout: Layout) -> tuple[Path | None, Layout, list, list]:
-    """(the step to resume from or None, the layout to train with, accepted config changes,
-    accepted data changes)."""
-    out = Path(cfg.output_dir)
-    resume_dir = ckpt.resolve_resume(out, cfg.checkpoint.load_step)
-    if resume_dir is None:
-        log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
-        return None, layout, [], []
-    log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
-    config_changes = resume.check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
-    if cfg.train.rollouts_per_step:  # resolved when the run began: keep its micro-batches per step
-        cfg.train.grad_accum = resume.resumed_grad_accum(resume_dir, layout.world) or cfg.train.grad_accum
-        layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
-    resume.check_layout(resume_dir, layout)
-    return resume_dir, layout, config_changes, resume.check_data_changes(resume_dir, cfg.data)
-
-
 def write_config(cfg: Config, out: Path) -> None:
     try:
         fileio.write_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -235,6 +218,7 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
                             progress=accelerator.is_main_process and cfg.train.progress,
                             model_limit=position_limit(hf_config), vocab_size=hf_config.vocab_size)
     log.info("data: %s", data.describe())
+    log.info("targets: %s (validation against %s)", *cfg.targets.kinds())
     preflight.check_validation_needs(cfg, len(data.val_idx))
     if resume_dir is not None:
         preflight.check_split_unchanged(resume_dir, ckpt.Manifest.read(resume_dir), cfg,
@@ -497,6 +481,8 @@ def log_train(run: Run, window: Window, grad_norm: torch.Tensor, bar) -> None:
     rec = {"step": state.step, **window.metrics(), "train/lr": run.scheduler.get_last_lr()[0],
            "train/grad_norm": float(grad_norm), "train/epoch": state.epoch,
            "train/consumed_samples": state.consumed_samples}
+    if run.cfg.targets.lam_end is not None:  # the lambda the last step's targets used
+        rec["train/lambda"] = run.cfg.targets.lam_at(state.step - 1, run.cfg.train.max_steps)
     run.metrics.log(rec)
     bar.set_postfix(vs=run.cfg.targets.kinds()[0], loss=f"{rec.get('train/loss', math.nan):.4g}",
                     ev=f"{rec.get('train/explained_variance', math.nan):.3f}", tok_s=f"{rec['train/tokens_per_s']:.3g}")

@@ -126,7 +126,7 @@ def test_a_lambda_schedule_hands_ppo_the_lambda_of_the_step():
     assert fixed.effective_targets["lam"] == 0.98
     end = ckpt.Manifest({"step": 1200, "max_steps": 1200, "targets": targets}).effective_targets
     text = "\n".join(config_lines("nemo-rl", Path("/s/step_1200"), {"targets": end}))
-    assert "gae_lambda_value: 0.8" in text
+    assert "gae_lambda_value: 0.8" in text and end["lam_start"] == 0.98
 
 # ---------------------------------------------------------------------------------------------
 # The path

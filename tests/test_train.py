@@ -424,6 +424,28 @@ def test_lam_end_moves_lambda_with_the_optimizer_step(toy_data, tmp_path):
     assert float(sums[1]) != pytest.approx(expected_sq(0.5), rel=1e-3)
 
 
+def test_lam_end_is_logged_reported_and_a_finished_rerun_says_so(toy_data, tmp_path):
+    """train/lambda is each step's lambda; the seed check hands PPO the last step's and names the
+    schedule; re-running the finished command trains nothing and says so."""
+    from critic_pretrain.interop.check import check_seed
+    from critic_pretrain.interop.frameworks import describe_targets
+
+    out, extra = tmp_path / "sched", {"targets.lam": 0.9, "targets.lam_end": 0.5, "targets.values_from": "critic",
+                                      "train.max_steps": 4}
+    assert train(out, toy_data, **extra) == 0
+    lams = [r["train/lambda"] for r in read_metrics(out / "metrics.jsonl") if "train/lambda" in r]
+    assert lams == pytest.approx([0.9, 0.8, 0.7, 0.6])
+    targets = check_seed(out / "step_4").facts["targets"]
+    assert targets["lam"] == pytest.approx(0.5)
+    assert "critic lambda 0.5 (TD(lambda) bootstrapped from its own values), this step's on a schedule from 0.9 " \
+           "to 0.5" in describe_targets(targets)
+    res = _cli_train(out, toy_data, **extra)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "step 4 is train.max_steps: nothing left to train" in res.stderr
+    assert "targets: TD(0.9 -> 0.5) of its own values (validation against Monte-Carlo returns)" in res.stderr
+    assert len(lams) == len([r for r in read_metrics(out / "metrics.jsonl") if "train/lambda" in r])
+
+
 def test_lam_end_needs_the_critics_own_targets(toy_data, tmp_path, capsys):
     assert train(tmp_path / "mc", toy_data, **{"targets.lam_end": 0.8}) == 2
     assert "targets.lam_end=0.8 needs targets.values_from=critic" in capsys.readouterr().err

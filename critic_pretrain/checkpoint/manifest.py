@@ -139,8 +139,9 @@ class Manifest:
         targets = self.targets
         if targets and targets.get("lam_end") is not None and self.step is not None:
             # targets.lam_end: the lambda this step was last trained with, which is what PPO inherits
-            targets = {**targets, "lam": scheduled_lam(targets.get("lam", 1.0), targets["lam_end"], self.step,
-                                                       self.raw.get("max_steps") or self.step)}
+            targets = {**targets, "lam_start": targets.get("lam", 1.0),
+                       "lam": scheduled_lam(targets.get("lam", 1.0), targets["lam_end"], self.step,
+                                            self.raw.get("max_steps") or self.step)}
         logged = (self.rewards or {}).get("logged")
         return RewardsLogged.from_dict(logged).compose(targets) if targets and logged else targets
 

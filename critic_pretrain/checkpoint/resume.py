@@ -17,7 +17,7 @@ from typing import Any
 from ..config import Config
 from ..data import Layout, file_manifest, source_files
 from ..errors import UserError
-from .layout import StepPaths, step_number
+from .layout import StepPaths, resolve_resume, step_number
 from .manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -180,3 +180,23 @@ def _file_changed(before: dict, now: dict) -> bool:
         return True
     old = before["fingerprint"]
     return old != (now["fingerprint"] if old.startswith("v2:") else legacy_fingerprint(now["path"]))
+
+
+def resume_point(cfg: Config, layout: Layout) -> tuple[Path | None, Layout, list, list]:
+    """(the step to resume from or None, the layout to train with, accepted config changes,
+    accepted data changes)."""
+    out = Path(cfg.output_dir)
+    resume_dir = resolve_resume(out, cfg.checkpoint.load_step)
+    if resume_dir is None:
+        log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
+        return None, layout, [], []
+    log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
+    if (step_number(resume_dir) or 0) >= cfg.train.max_steps:  # a re-run of a finished run: say so up front
+        log.info("step %d is train.max_steps: nothing left to train, the seed is checked again (to train on, raise "
+                 "train.max_steps with train.allow_config_changes=[train.max_steps])", step_number(resume_dir))
+    config_changes = check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
+    if cfg.train.rollouts_per_step:  # resolved when the run began: keep its micro-batches per step
+        cfg.train.grad_accum = resumed_grad_accum(resume_dir, layout.world) or cfg.train.grad_accum
+        layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
+    check_layout(resume_dir, layout)
+    return resume_dir, layout, config_changes, check_data_changes(resume_dir, cfg.data)

@@ -106,6 +106,9 @@ def describe_targets(targets: dict | None) -> str:
         return "unknown (no critic_pretrain.json)"
     source = {"critic": " (TD(lambda) bootstrapped from its own values)",
               "data": " (bootstrapped from the rollouts' values)"}.get(targets.get("values_from"), "")
+    if targets.get("lam_end") is not None:  # targets.lam_end: `lam` is this step's (checkpoint.Manifest)
+        source += f", this step's on a schedule from {targets.get('lam_start', targets.get('lam', 1.0)):g} to " \
+                  f"{targets['lam_end']:g}"
     return (f"rewards {reward_formula(targets)}, gamma {targets.get('gamma', 1.0):g}, critic lambda "
             f"{targets.get('lam', 1.0):g}" + (" (Monte-Carlo returns)" if targets.get("lam", 1.0) == 1.0 else source)
             + "; value[t] = head(hidden[t-1]), 0 at each sequence start")
