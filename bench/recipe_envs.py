@@ -60,6 +60,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.98-seed1": ("the shipped TD(0.98) with training seed 1 (another initialization, data order and validation "
                      "split of the same rows): whether a seed rescues a draw that failed",
                      ["targets.lam=0.98", "seed=1"]),
+    "td0.98-lr1e-3": ("the shipped TD(0.98) at a third of the learning rate (peak 1e-3, floor 1e-4): whether a "
+                      "lookup found early is kept", ["targets.lam=0.98", "optim.lr=1e-3", "optim.min_lr=1e-4"]),
     "token-steps": ("TD(0.8) with steps of one micro-batch (no train.rollouts_per_step): ~2 rollouts per step on "
                     "long, the same runs as td0.8 elsewhere", ["targets.lam=0.8", "train.rollouts_per_step=null"]),
     "mc": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none"]),
