@@ -257,7 +257,9 @@ def test_too_few_prompts_is_unknown():
 def test_run_with_both_regimes_and_eval_on_its_own_rollouts(tmp_path, capsys):
     """A run with data.val_split=both logs val/ and val_response/ verdicts; `eval --rollouts` on the
     run's own archive leaves out what it trained on and, split by trained prompts, reproduces the
-    run's two regimes exactly."""
+    run's two regimes to float32 precision (the two evals batch the rows differently, and with
+    several threads a matmul's sums depend on the batch's shape: 1e-8 relative was seen; one row
+    more or less moves these estimates by far more than the 1e-6 allowed)."""
     from critic_pretrain import cli
     from critic_pretrain.checkpoint import Manifest, StepPaths
 
@@ -291,7 +293,7 @@ def test_run_with_both_regimes_and_eval_on_its_own_rollouts(tmp_path, capsys):
         a, b = own[regime], given[regime]["verdict"]
         assert given[regime]["rows"] == m.raw["data"]["val_regimes"][regime]
         for name in ("ev_vs_group_mean", "ev_vs_batch_mean", "rho"):
-            assert b[name]["est"] == pytest.approx(a[name]["est"], rel=1e-9, abs=1e-12), (regime, name)
+            assert b[name]["est"] == pytest.approx(a[name]["est"], rel=1e-6, abs=1e-9), (regime, name)
         assert b["call"] == a["call"]
 
 
