@@ -62,6 +62,9 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                      ["targets.lam=0.98", "seed=1"]),
     "td0.98-lr1e-3": ("the shipped TD(0.98) at a third of the learning rate (peak 1e-3, floor 1e-4): whether a "
                       "lookup found early is kept", ["targets.lam=0.98", "optim.lr=1e-3", "optim.min_lr=1e-4"]),
+    "td0.98-heads8": ("the shipped TD(0.98) with 8 attention heads of 8 dimensions (4 key-value heads) instead of 4 "
+                      "of 16: the same compute, twice the heads that may find a lookup",
+                      ["targets.lam=0.98", "model.config.num_attention_heads=8", "model.config.num_key_value_heads=4"]),
     "token-steps": ("TD(0.8) with steps of one micro-batch (no train.rollouts_per_step): ~2 rollouts per step on "
                     "long, the same runs as td0.8 elsewhere", ["targets.lam=0.8", "train.rollouts_per_step=null"]),
     "mc": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none"]),
