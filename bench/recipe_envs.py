@@ -65,6 +65,13 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.98-heads8": ("the shipped TD(0.98) with 8 attention heads of 8 dimensions (4 key-value heads) instead of 4 "
                       "of 16: the same compute, twice the heads that may find a lookup",
                       ["targets.lam=0.98", "model.config.num_attention_heads=8", "model.config.num_key_value_heads=4"]),
+    "td0.98-2400": ("the shipped TD(0.98) on twice the schedule (2,400 steps, the cosine stretched to match): "
+                    "whether credit that arrives after step 900 of 1,200 (seed1, heads8 on long-tools) is "
+                    "learned when the learning rate is still high there", ["targets.lam=0.98", "train.max_steps=2400"]),
+    "lam-horizon0.5": ("TD with lambda per horizon, 1 - 1 / (0.5 x policy tokens): the shipped TD(0.98)'s reach "
+                       "(1 / (1 - 0.98) = 50 tokens) on a short environment's median row (~100 policy tokens), a reach "
+                       "of half the row on every row (0.999 at 2,300 policy tokens)",
+                       ["targets.lam=0.98", "targets.lam_alpha=0.5"]),
     "token-steps": ("TD(0.8) with steps of one micro-batch (no train.rollouts_per_step): ~2 rollouts per step on "
                     "long, the same runs as td0.8 elsewhere", ["targets.lam=0.8", "train.rollouts_per_step=null"]),
     "mc": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none"]),
