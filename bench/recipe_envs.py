@@ -58,7 +58,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.98-0.8": ("TD from its own values, lambda 0.98 at the start to 0.8 at the end (linear, targets.lam_end)",
                    ["targets.lam=0.98", "targets.lam_end=0.8"]),
     "td0.98-seed1": ("the shipped TD(0.98) with training seed 1 (another initialization, data order and validation "
-                     "split of the same rows): whether a seed rescues a draw that failed",
+                     "split of the same rows): how far a seed moves a cell (the seed spread under the table), "
+                     "and whether it rescues a draw that failed",
                      ["targets.lam=0.98", "seed=1"]),
     "td0.98-lr1e-3": ("the shipped TD(0.98) at a third of the learning rate (peak 1e-3, floor 1e-4): whether a "
                       "lookup found early is kept", ["targets.lam=0.98", "optim.lr=1e-3", "optim.min_lr=1e-4"]),
@@ -68,6 +69,9 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.98-2400": ("the shipped TD(0.98) on twice the schedule (2,400 steps, the cosine stretched to match): "
                     "whether credit that arrives after step 900 of 1,200 (seed1, heads8 on long-tools) is "
                     "learned when the learning rate is still high there", ["targets.lam=0.98", "train.max_steps=2400"]),
+    "td0.98-2400-wd0.1": ("td0.98-2400 with AdamW weight decay 0.1 (optim.weight_decay; the shipped 0.0): whether "
+                          "regularization keeps twice the schedule from over-training the short archives",
+                          ["targets.lam=0.98", "train.max_steps=2400", "optim.weight_decay=0.1"]),
     "lam-horizon0.5": ("TD with lambda per horizon, 1 - 1 / (0.5 x policy tokens): the shipped TD(0.98)'s reach "
                        "(1 / (1 - 0.98) = 50 tokens) on a short environment's median row (~100 policy tokens), a reach "
                        "of half the row on every row (0.999 at 2,300 policy tokens)",
@@ -227,6 +231,7 @@ def render(n: dict) -> str:
         summary = [f"{_f(min(tuned), '.0%')}{of}", f"{_f(sum(tuned) / len(tuned), '.0%')}{of}"] if tuned else ["-", "-"]
         label = f"**{name}** (shipped default)" if name == default else name
         lines.append(f"| {label} | {what} | " + " | ".join([*cells, *summary]) + " |")
+    lines += seed_spread(n, default)
     lines += ["", f"Correlations behind the shipped default's cells ({default}: critic / prompt only / exact values, "
                   "all policy tokens), and the oracle-free measures a user has:", "",
               "| env | critic | prompt only | exact | val EV / ceiling | ev_group_mean | turn_change_corr |",
@@ -241,6 +246,39 @@ def render(n: dict) -> str:
         lines += ["", "Choosing without an oracle: the recipe each oracle-free rule would pick per environment, "
                       "against the one the exact values pick:", "", *selection(n)]
     return "\n".join([*lines, END])
+
+
+def seed_of(recipe: str) -> int | None:
+    """The training seed of a recipe that is the shipped default with another ``seed=`` and nothing
+    else changed, else None (read from the resolved configs, like ``shipped``)."""
+    from critic_pretrain.config_io import load_config
+
+    over = RECIPES[recipe][1]
+    seeds = [o for o in over if o.startswith("seed=")]
+    rest = [o for o in over if not o.startswith("seed=")]
+    if not seeds or load_config(CONFIG, rest) != load_config(CONFIG):
+        return None
+    return int(seeds[-1].split("=", 1)[1])
+
+
+def seed_spread(n: dict, default: str | None) -> list[str]:
+    """How far the shipped recipe's cells move with another training seed (its twins, ``seed_of``):
+    a difference between two recipes' cells smaller than this is not evidence either way."""
+    twins = [name for name in RECIPES if name != default and seed_of(name) is not None]
+    cells = {(r["recipe"], r["env"]): r["all"]["gap_closed"] for r in n["runs"]}
+    envs = [e for e in (*TUNE, *HELDOUT) if (default, e) in cells and any((t, e) in cells for t in twins)]
+    if not envs:
+        return []
+    parts, moves = [], []
+    for e in envs:
+        got = [cells[(default, e)], *(cells[(t, e)] for t in twins if (t, e) in cells)]
+        moves.append(max(got) - min(got))
+        parts.append(f"{e} {' / '.join(f'{g:.0%}' for g in got)}")
+    names = ", ".join(f"{t}: seed {seed_of(t)}" for t in twins)
+    return ["", f"Seed spread: the shipped default ({default}, seed 0) against the same recipe with another "
+                f"training seed ({names}), all policy tokens: " + "; ".join(parts) + ". The same recipe moves "
+                f"by up to {max(moves):.0%} ({sum(moves) / len(moves):.0%} on average) from seed to seed, so a "
+                "difference between two recipes' cells smaller than that is not evidence."]
 
 
 RULES = {"val EV": lambda r: r["ev"], "turn_change_corr": lambda r: r["turn_change_corr"],

@@ -124,6 +124,26 @@ def test_recipe_table_names_the_shipped_default_from_the_config():
     assert line.endswith("| 20% | 60% |")  # the worst tuning environment, the choice; then the mean
 
 
+def test_recipe_table_reports_the_seed_spread():
+    """The line under the table says how far the shipped recipe moves with another training seed,
+    from the rows of its seed twins (the shipped config plus `seed=` only); other recipes do not count."""
+    r = _bench("recipe_envs")
+    shipped = next(name for name in r.RECIPES if r.shipped(name))
+    twins = [name for name in r.RECIPES if r.seed_of(name) is not None]
+    assert twins and shipped not in twins and all(r.seed_of(t) != 0 for t in twins)
+    assert r.seed_of("td0.8") is None  # another lambda: not a twin, whatever its seed
+    row = {"steps": 1200, "first": {"gap_closed": 0.4}, "ev": 0.3, "ev_ceiling": 0.5, "ev_group_mean": 0.1,
+           "turn_change_corr": None}
+    cell = {"critic": 0.2, "prompt_only": 0.1, "exact": 0.3}
+    runs = [{**row, "recipe": name, "env": env, "all": {**cell, "gap_closed": g}}
+            for name, env, g in [(shipped, "tools", 0.70), (twins[0], "tools", 0.58), (shipped, "fatal", 0.56),
+                                 (twins[0], "fatal", 0.60), (shipped, "key-steps", 0.1), ("td0.8", "tools", 0.0)]]
+    line = next(x for x in r.render({"runs": runs}).splitlines() if x.startswith("Seed spread"))
+    assert "tools 70% / 58%; fatal 56% / 60%." in line and "key-steps" not in line
+    assert "up to 12% (8% on average)" in line
+    assert not any(x.startswith("Seed spread") for x in r.render({"runs": runs[:1]}).splitlines())
+
+
 def test_recipe_table_retrains_a_row_whose_targets_differ(tmp_path, monkeypatch):
     """A stored row is reused only for the targets it ran: after the default's lambda moved, a row
     trained with another lambda is trained again, never relabelled."""
