@@ -155,9 +155,13 @@ def targets_of(recipe: str, env: str) -> dict:
 def shipped(recipe: str) -> bool:
     """Whether the recipe's overrides change nothing in configs/demo.yaml (on a short environment):
     the recipe a user gets by default. Read from the config, so the table cannot mislabel it."""
+    return _changes_nothing(RECIPES[recipe][1])
+
+
+def _changes_nothing(overrides: list[str]) -> bool:
     from critic_pretrain.config_io import load_config
 
-    return load_config(CONFIG, RECIPES[recipe][1]) == load_config(CONFIG)
+    return load_config(CONFIG, overrides) == load_config(CONFIG)
 
 
 def train_run(run: Path, data: Path, steps: int, overrides: list[str]) -> tuple[Path, float | None]:
@@ -251,12 +255,9 @@ def render(n: dict) -> str:
 def seed_of(recipe: str) -> int | None:
     """The training seed of a recipe that is the shipped default with another ``seed=`` and nothing
     else changed, else None (read from the resolved configs, like ``shipped``)."""
-    from critic_pretrain.config_io import load_config
-
     over = RECIPES[recipe][1]
     seeds = [o for o in over if o.startswith("seed=")]
-    rest = [o for o in over if not o.startswith("seed=")]
-    if not seeds or load_config(CONFIG, rest) != load_config(CONFIG):
+    if not seeds or not _changes_nothing([o for o in over if not o.startswith("seed=")]):
         return None
     return int(seeds[-1].split("=", 1)[1])
 
@@ -264,7 +265,9 @@ def seed_of(recipe: str) -> int | None:
 def seed_spread(n: dict, default: str | None) -> list[str]:
     """How far the shipped recipe's cells move with another training seed (its twins, ``seed_of``):
     a difference between two recipes' cells smaller than this is not evidence either way."""
-    twins = [name for name in RECIPES if name != default and seed_of(name) is not None]
+    from critic_pretrain.config_io import load_config
+
+    twins = {name: seed for name in RECIPES if name != default and (seed := seed_of(name)) is not None}
     cells = {(r["recipe"], r["env"]): r["all"]["gap_closed"] for r in n["runs"]}
     envs = [e for e in (*TUNE, *HELDOUT) if (default, e) in cells and any((t, e) in cells for t in twins)]
     if not envs:
@@ -274,11 +277,12 @@ def seed_spread(n: dict, default: str | None) -> list[str]:
         got = [cells[(default, e)], *(cells[(t, e)] for t in twins if (t, e) in cells)]
         moves.append(max(got) - min(got))
         parts.append(f"{e} {' / '.join(f'{g:.0%}' for g in got)}")
-    names = ", ".join(f"{t}: seed {seed_of(t)}" for t in twins)
-    return ["", f"Seed spread: the shipped default ({default}, seed 0) against the same recipe with another "
-                f"training seed ({names}), all policy tokens: " + "; ".join(parts) + ". The same recipe moves "
-                f"by up to {max(moves):.0%} ({sum(moves) / len(moves):.0%} on average) from seed to seed, so a "
-                "difference between two recipes' cells smaller than that is not evidence."]
+    names = ", ".join(f"{t}: seed {seed}" for t, seed in twins.items())
+    head = (f"Seed spread: the shipped default ({default}, seed {load_config(CONFIG).seed}) against the same recipe "
+            f"with another training seed ({names}), all policy tokens: ")
+    tail = (f". The same recipe moves by up to {max(moves):.0%} ({sum(moves) / len(moves):.0%} on average) from seed "
+            "to seed, so a difference between two recipes' cells smaller than that is not evidence.")
+    return ["", head + "; ".join(parts) + tail]
 
 
 RULES = {"val EV": lambda r: r["ev"], "turn_change_corr": lambda r: r["turn_change_corr"],
