@@ -69,6 +69,14 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.98-2400": ("the shipped TD(0.98) on twice the schedule (2,400 steps, the cosine stretched to match): "
                     "whether credit that arrives after step 900 of 1,200 (seed1, heads8 on long-tools) is "
                     "learned when the learning rate is still high there", ["targets.lam=0.98", "train.max_steps=2400"]),
+    "td0.98-2400-best": ("td0.98-2400 scored at its saved checkpoint with the lowest validation loss "
+                         "(checkpoint.keep_best=1, the rule keep_best and `critic-pretrain report` use; no oracle): "
+                         "whether a user's own pick keeps what the short archives learn before they over-train, "
+                         "and the late credit of the long ones",
+                         ["targets.lam=0.98", "train.max_steps=2400", "checkpoint.keep_best=1"]),
+    "td0.98-2400-seed1": ("td0.98-2400 with training seed 1: whether twice the schedule holds from seed to seed "
+                          "(the choice is the worst cell over seeds, not one draw)",
+                          ["targets.lam=0.98", "train.max_steps=2400", "seed=1"]),
     "td0.98-2400-wd0.1": ("td0.98-2400 with AdamW weight decay 0.1 (optim.weight_decay; the shipped 0.0): whether "
                           "regularization keeps twice the schedule from over-training the short archives",
                           ["targets.lam=0.98", "train.max_steps=2400", "optim.weight_decay=0.1"]),
@@ -187,6 +195,19 @@ def train(work: Path, recipe: str, env: str, data: Path) -> tuple[Path, float | 
                      env_overrides(env) + RECIPES[recipe][1])
 
 
+def picked(recipe: str, env: str, last: Path) -> Path:
+    """The checkpoint a recipe is scored at: the last step, or, for a recipe that sets
+    ``checkpoint.keep_best``, the saved step that rule keeps first (``best_steps`` on the run's own
+    ``training_info.json``: what a user would pick, no oracle)."""
+    from critic_pretrain.checkpoint import best_steps
+    from critic_pretrain.config_io import load_config
+
+    cfg = load_config(CONFIG, env_overrides(env) + RECIPES[recipe][1]).checkpoint
+    if not cfg.keep_best:
+        return last
+    return last.parent / f"step_{best_steps(last.parent, cfg.best_metric, 1)[0]}"
+
+
 SCORE_LENGTH = 8192
 """Every critic is scored on rollouts cut here, whatever it trained on (capped at the demo model's
 4,096 positions: the full length of every row but `long`'s and `long-tools`' longest)."""
@@ -228,6 +249,9 @@ def render(n: dict) -> str:
             continue
         steps = sorted({r["steps"] for r in mine.values()})  # what the rows ran, not what the recipe says now
         what = f"{what}, {'/'.join(f'{x:,}' for x in steps)} steps"
+        if any("scored_step" in r for r in mine.values()):
+            what += "; scored at step " + ", ".join(f"{e} {r['scored_step']:,}" for e, r in mine.items()
+                                                    if "scored_step" in r)
         cells = [f"{_f(mine[e]['all']['gap_closed'], '.0%')} ({_f(mine[e]['first']['gap_closed'], '.0%')})"
                  if e in mine else "-" for e in envs]
         tuned = [mine[e]["all"]["gap_closed"] for e in TUNE if e in mine]
@@ -236,6 +260,7 @@ def render(n: dict) -> str:
         label = f"**{name}** (shipped default)" if name == default else name
         lines.append(f"| {label} | {what} | " + " | ".join([*cells, *summary]) + " |")
     lines += seed_spread(n, default)
+    lines += pick_vs_last(n)
     lines += ["", f"Correlations behind the shipped default's cells ({default}: critic / prompt only / exact values, "
                   "all policy tokens), and the oracle-free measures a user has:", "",
               "| env | critic | prompt only | exact | val EV / ceiling | ev_group_mean | turn_change_corr |",
@@ -283,6 +308,19 @@ def seed_spread(n: dict, default: str | None) -> list[str]:
     tail = (f". The same recipe moves by up to {max(moves):.0%} ({sum(moves) / len(moves):.0%} on average) from seed "
             "to seed, so a difference between two recipes' cells smaller than that is not evidence.")
     return ["", head + "; ".join(parts) + tail]
+
+
+def pick_vs_last(n: dict) -> list[str]:
+    """For recipes scored at a picked checkpoint: the pick against the same run's last step, all
+    policy tokens (what picking by validation loss bought, or cost, on each environment)."""
+    out = []
+    for name in RECIPES:
+        rows = [r for r in n["runs"] if r["recipe"] == name and "last" in r]
+        if rows:
+            cells = "; ".join(f"{r['env']} {r['all']['gap_closed']:.0%} at step {r['scored_step']:,} / "
+                              f"{r['last']['all']['gap_closed']:.0%} at step {r['steps']:,}" for r in rows)
+            out += ["", f"{name}, the picked checkpoint against the same run's last step, all policy tokens: {cells}."]
+    return out
 
 
 RULES = {"val EV": lambda r: r["ev"], "turn_change_corr": lambda r: r["turn_change_corr"],
@@ -338,10 +376,14 @@ def main() -> None:
                 if (not args.redo and done and done[0].get("steps") == steps_of(recipe, env)
                         and done[0].get("targets") == targets_of(recipe, env)):
                     continue  # a re-run after a crash continues; the work folder may be gone
-                step, secs = train(args.work, recipe, env, archive(args.work, env, TRAIN_ROWS, 0))
+                last, secs = train(args.work, recipe, env, archive(args.work, env, TRAIN_ROWS, 0))
+                heldout = archive(args.work, env, HELDOUT_ROWS, HELDOUT_SEED)
+                step = picked(recipe, env, last)
                 row = {"recipe": recipe, "env": env, "steps": steps_of(recipe, env),
-                       "targets": targets_of(recipe, env), "train_seconds": secs,
-                       **score(step, archive(args.work, env, HELDOUT_ROWS, HELDOUT_SEED))}
+                       "targets": targets_of(recipe, env), "train_seconds": secs, **score(step, heldout)}
+                if step != last:  # the same run's last step next to the pick: what the pick bought
+                    row["scored_step"] = int(step.name.removeprefix("step_"))
+                    row["last"] = {k: v for k, v in score(last, heldout).items() if k in ("all", "first", "ev")}
                 if NUMBERS.is_file():  # another process (other --envs) may have added rows meanwhile
                     n = json.loads(NUMBERS.read_text())
                 n["runs"] = [r for r in n["runs"] if (r["recipe"], r["env"]) != (recipe, env)] + [row]

@@ -203,3 +203,41 @@ def test_length_sweep_trains_the_shipped_default_per_median(tmp_path, monkeypatc
     assert made == [(4000, s.recipe_envs.TRAIN_ROWS, 1, 8192), (4000, 800, s.recipe_envs.HELDOUT_SEED + 1, 8192)]
     assert trained == [("tools-4000-g8192-p8192-s1", steps, ["data.max_tokens=8192",
                                                             "model.config.max_position_embeddings=8192"])]
+
+
+def test_recipe_table_scores_a_keep_best_recipe_at_its_own_pick(tmp_path, monkeypatch):
+    """A recipe that sets checkpoint.keep_best is scored at the saved step with the best validation
+    loss (read from the run's training_info.json, as a user's keep_best and report pick it), and its
+    row keeps the same run's last step next to it; other recipes are scored at their last step."""
+    from critic_pretrain import checkpoint as ckpt
+
+    r = _bench("recipe_envs")
+    best = next(name for name, (_, over) in r.RECIPES.items() if "checkpoint.keep_best=1" in over)
+    run = tmp_path / "run"
+    for step, loss in {100: 0.30, 200: 0.10, 300: 0.10, 2400: 0.20}.items():  # ties go to the earlier step
+        d = run / f"step_{step}"
+        d.mkdir(parents=True)
+        (d / "training_info.json").write_text(json.dumps({"val:loss": loss}))
+        (d / ckpt.MANIFEST).write_text(json.dumps({"files": {"training_info.json": (d / "training_info.json")
+                                                                                     .stat().st_size}}))
+    last = run / "step_2400"
+    assert r.picked(best, "tools", last) == run / "step_200"
+    assert r.picked("td0.98-2400", "tools", last) == last
+
+    monkeypatch.setattr(r, "NUMBERS", tmp_path / "n.json")
+    monkeypatch.setattr(r, "DOC", tmp_path / "doc.md")
+    r.DOC.write_text("")
+    monkeypatch.setattr(r, "archive", lambda work, env, rows, seed: tmp_path / f"{env}-{seed}")
+    monkeypatch.setattr(r, "train", lambda work, recipe, env, data: (last, 1.0))
+    gap = {"step_200": 0.7, "step_2400": 0.5}
+    monkeypatch.setattr(r, "score", lambda step, heldout: {
+        "all": {"gap_closed": gap[step.name], "critic": 0.2, "prompt_only": 0.1, "exact": 0.3},
+        "first": {"gap_closed": 0.4}, "ev": 0.3, "ev_ceiling": 0.5, "ev_group_mean": 0.1, "turn_change_corr": None,
+        "value_std": 0.1})
+    monkeypatch.setattr("sys.argv", ["recipe_envs", "--only", best, "--envs", "tools"])
+    r.main()
+    row = json.loads(r.NUMBERS.read_text())["runs"][0]
+    assert row["scored_step"] == 200 and row["all"]["gap_closed"] == 0.7 and row["last"]["all"]["gap_closed"] == 0.5
+    doc = r.DOC.read_text()
+    assert "2,400 steps; scored at step tools 200 |" in doc
+    assert "tools 70% at step 200 / 50% at step 2,400." in doc
