@@ -64,3 +64,33 @@ def test_run_stops_early_and_rerun_has_nothing_to_do(toy_data, tmp_path):
     assert sorted(ckpt.find_checkpoints(out)) == [2]
     assert max(r["step"] for r in read_metrics(out / "metrics.jsonl")) == 2
     assert (out / "tensorboard").is_dir() and list((out / "tensorboard").glob("events.*"))
+
+
+def test_end_of_run_names_the_kept_best_step_when_it_is_not_the_newest(tmp_path):
+    """With checkpoint.keep_best the end-of-run lines load the newest step and name the step the rule
+    ranks first, with both values, when the two differ; nothing when the newest is the best."""
+    from critic_pretrain.commands.train import best_kept_lines
+
+    fake_run(tmp_path, {400: 0.12, 2300: 0.14, 2400: 0.145})
+    (line,) = best_kept_lines(tmp_path, "val:loss", 2400)
+    assert line.startswith("checkpoint.keep_best: step_400 has the best val:loss of the saved steps (0.12; "
+                           "step_2400, the newest, which the lines above load: 0.145)")
+    assert f"critic-pretrain seed check {tmp_path / 'step_400'}" in line
+    assert best_kept_lines(tmp_path / "none", "val:loss", 2400) == []
+    fake_run(tmp_path / "b", {100: 0.3, 200: 0.1})
+    assert best_kept_lines(tmp_path / "b", "val:loss", 200) == []
+
+
+def test_a_keep_best_run_ends_naming_the_step_the_rule_keeps(toy_data, tmp_path, capsys, monkeypatch):
+    """End to end: a run with keep_best prints, after the newest step's lines, the step keep_best ranks
+    first when that is not the newest. A 12-step run still improves at its end, so the rule's answer
+    (tested above) is replaced by step 4 for the end-of-run lines; retention keeps every step here."""
+    out = tmp_path / "run"
+    monkeypatch.setattr(ckpt, "best_steps", lambda root, metric, k: [4])
+    assert train_main(tiny_overrides(out, toy_data, **{"checkpoint.keep_best": 1, "checkpoint.keep_last": 5,
+                                                       "eval.every": 4})) == 0
+    printed = capsys.readouterr().out
+    assert f"warm_start_value_checkpoint: {(out / 'step_12').resolve()}" in printed
+    loss = {n: json.loads((out / f"step_{n}" / "training_info.json").read_text())["val:loss"] for n in (4, 12)}
+    assert (f"checkpoint.keep_best: step_4 has the best val:loss of the saved steps ({loss[4]:.4g}; step_12, the "
+            f"newest, which the lines above load: {loss[12]:.4g})") in printed

@@ -61,6 +61,27 @@ def check_final_seed(run: Run) -> None:
         log.warning("training finished, but step_%d is not a usable %s seed (above)", run.state.step, target)
     for line in verdict_lines(run.out / f"step_{run.state.step}"):
         print(line)
+    if run.cfg.checkpoint.keep_best:
+        for line in best_kept_lines(run.out, run.cfg.checkpoint.best_metric, run.state.step):
+            print(line)
+
+
+def best_kept_lines(out, metric: str, newest: int) -> list[str]:
+    """With ``checkpoint.keep_best``: which saved step the rule ranks first when it is not the newest
+    (the one the lines above load), so the user picks between the two knowingly."""
+    from ..checkpoint import StepPaths, best_steps
+
+    best = best_steps(out, metric, 1)
+    if not best or best[0] == newest:
+        return []
+    at = {}
+    for n in (best[0], newest):
+        v = (StepPaths(out / f"step_{n}").read_training_info() or {}).get(metric)
+        at[n] = f"{v:.4g}" if isinstance(v, (int, float)) else "not evaluated"
+    return [f"checkpoint.keep_best: step_{best[0]} has the best {metric} of the saved steps ({at[best[0]]}; "
+            f"step_{newest}, the newest, which the lines above load: {at[newest]}). If the report says "
+            f"over-training, warm-start from step_{best[0]}: `critic-pretrain seed check {out / f'step_{best[0]}'}` "
+            "prints its lines (docs/warm.md, *Plateau, over-training and which checkpoint*)"]
 
 
 def verdict_lines(step_dir) -> list[str]:
