@@ -74,6 +74,12 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                          "whether a user's own pick keeps what the short archives learn before they over-train, "
                          "and the late credit of the long ones",
                          ["targets.lam=0.98", "train.max_steps=2400", "checkpoint.keep_best=1"]),
+    "td0.98-2400-best-seed1": ("td0.98-2400-best with training seed 1: whether the pick holds from seed to seed",
+                               ["targets.lam=0.98", "train.max_steps=2400", "checkpoint.keep_best=1", "seed=1"]),
+    "td0.95-2400-best": ("TD(0.95) on twice the schedule, scored at the kept best step like td0.98-2400-best: "
+                         "whether the lower lambda that dense wants (TD(0.95) 78%, TD(0.98) 62%) holds on the other "
+                         "archives once the schedule is long enough for late credit",
+                         ["targets.lam=0.95", "train.max_steps=2400", "checkpoint.keep_best=1"]),
     "td0.98-2400-seed1": ("td0.98-2400 with training seed 1: whether twice the schedule holds from seed to seed "
                           "(the choice is the worst cell over seeds, not one draw)",
                           ["targets.lam=0.98", "train.max_steps=2400", "seed=1"]),
@@ -202,10 +208,17 @@ def picked(recipe: str, env: str, last: Path) -> Path:
     from critic_pretrain.checkpoint import best_steps
     from critic_pretrain.config_io import load_config
 
-    cfg = load_config(CONFIG, env_overrides(env) + RECIPES[recipe][1]).checkpoint
-    if not cfg.keep_best:
+    if not keeps_best(recipe):
         return last
-    return last.parent / f"step_{best_steps(last.parent, cfg.best_metric, 1)[0]}"
+    metric = load_config(CONFIG, env_overrides(env) + RECIPES[recipe][1]).checkpoint.best_metric
+    return last.parent / f"step_{best_steps(last.parent, metric, 1)[0]}"
+
+
+def keeps_best(recipe: str) -> bool:
+    """Whether the recipe sets ``checkpoint.keep_best`` (then it is scored at the step that rule keeps)."""
+    from critic_pretrain.config_io import load_config
+
+    return bool(load_config(CONFIG, RECIPES[recipe][1]).checkpoint.keep_best)
 
 
 SCORE_LENGTH = 8192
@@ -249,9 +262,9 @@ def render(n: dict) -> str:
             continue
         steps = sorted({r["steps"] for r in mine.values()})  # what the rows ran, not what the recipe says now
         what = f"{what}, {'/'.join(f'{x:,}' for x in steps)} steps"
-        if any("scored_step" in r for r in mine.values()):
-            what += "; scored at step " + ", ".join(f"{e} {r['scored_step']:,}" for e, r in mine.items()
-                                                    if "scored_step" in r)
+        if keeps_best(name):  # a row without scored_step was scored at its last step
+            what += "; scored at step " + ", ".join(f"{e} {r.get('scored_step', r['steps']):,}"
+                                                    for e, r in mine.items())
         cells = [f"{_f(mine[e]['all']['gap_closed'], '.0%')} ({_f(mine[e]['first']['gap_closed'], '.0%')})"
                  if e in mine else "-" for e in envs]
         tuned = [mine[e]["all"]["gap_closed"] for e in TUNE if e in mine]
@@ -381,8 +394,9 @@ def main() -> None:
                 step = picked(recipe, env, last)
                 row = {"recipe": recipe, "env": env, "steps": steps_of(recipe, env),
                        "targets": targets_of(recipe, env), "train_seconds": secs, **score(step, heldout)}
-                if step != last:  # the same run's last step next to the pick: what the pick bought
+                if keeps_best(recipe):
                     row["scored_step"] = int(step.name.removeprefix("step_"))
+                if step != last:  # the same run's last step next to the pick: what the pick bought
                     row["last"] = {k: v for k, v in score(last, heldout).items() if k in ("all", "first", "ev")}
                 if NUMBERS.is_file():  # another process (other --envs) may have added rows meanwhile
                     n = json.loads(NUMBERS.read_text())

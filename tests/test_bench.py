@@ -241,3 +241,12 @@ def test_recipe_table_scores_a_keep_best_recipe_at_its_own_pick(tmp_path, monkey
     doc = r.DOC.read_text()
     assert "2,400 steps; scored at step tools 200 |" in doc
     assert "tools 70% at step 200 / 50% at step 2,400." in doc
+
+    (last / "training_info.json").write_text(json.dumps({"val:loss": 0.0}))  # now the last step is the best
+    (last / ckpt.MANIFEST).write_text(json.dumps({"files": {"training_info.json": (last / "training_info.json")
+                                                                                   .stat().st_size}}))
+    monkeypatch.setattr("sys.argv", ["recipe_envs", "--only", best, "--envs", "tools", "--redo"])
+    r.main()
+    row = json.loads(r.NUMBERS.read_text())["runs"][0]
+    assert row["scored_step"] == 2400 and "last" not in row
+    assert "2,400 steps; scored at step tools 2,400 |" in r.DOC.read_text()
