@@ -80,9 +80,6 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                          "whether the lower lambda that dense wants (TD(0.95) 78%, TD(0.98) 62%) holds on the other "
                          "archives once the schedule is long enough for late credit",
                          ["targets.lam=0.95", "train.max_steps=2400", "checkpoint.keep_best=1"]),
-    "td0.98-2400-seed1": ("td0.98-2400 with training seed 1: whether twice the schedule holds from seed to seed "
-                          "(the choice is the worst cell over seeds, not one draw)",
-                          ["targets.lam=0.98", "train.max_steps=2400", "seed=1"]),
     "td0.98-2400-wd0.1": ("td0.98-2400 with AdamW weight decay 0.1 (optim.weight_decay; the shipped 0.0): whether "
                           "regularization keeps twice the schedule from over-training the short archives",
                           ["targets.lam=0.98", "train.max_steps=2400", "optim.weight_decay=0.1"]),
@@ -208,10 +205,10 @@ def picked(recipe: str, env: str, last: Path) -> Path:
     from critic_pretrain.checkpoint import best_steps
     from critic_pretrain.config_io import load_config
 
-    if not keeps_best(recipe):
+    cfg = load_config(CONFIG, env_overrides(env) + RECIPES[recipe][1]).checkpoint
+    if not cfg.keep_best:
         return last
-    metric = load_config(CONFIG, env_overrides(env) + RECIPES[recipe][1]).checkpoint.best_metric
-    return last.parent / f"step_{best_steps(last.parent, metric, 1)[0]}"
+    return last.parent / f"step_{best_steps(last.parent, cfg.best_metric, 1)[0]}"
 
 
 def keeps_best(recipe: str) -> bool:
