@@ -116,6 +116,45 @@ def test_key_steps_value_moves_only_at_the_key_tokens_inside_one_turn() -> None:
             assert r["oracle_values"][len(ids) - 1] == pytest.approx(expected, abs=1e-5)  # and fits
 
 
+def test_undo_a_bad_key_step_throws_away_the_streak_before_it() -> None:
+    """Closed forms that share nothing with the chain's backward induction: before EOS the value is
+    the streak's share s / k; right after a key step, with r steps left at p = p_good[d], it is
+    (s p^r + p + ... + p^r) / k (the final streak is at least m iff the last m steps are good, or
+    all r are and the streak carries). Far from the length cap, times the chance that the rest
+    fits in it: between 98% and 100% on these rows."""
+    p_good, checked = synth.make_env("undo").params.p_good(), 0
+    for r in short("undo"):
+        ids, v = r["input_ids"], r["oracle_values"]
+        if r["truncated"]:
+            continue
+        d, k = ids[1] - synth.DIFFICULTY, ids[2] - synth.NEED + 1
+        keys = [t for t in range(ids.index(synth.PROMPT_END) + 1, len(ids)) if ids[t] in KEYS]
+        assert len(keys) == k
+        streak = 0
+        for j, t in enumerate(keys, start=1):
+            streak = streak + 1 if ids[t] < synth.ACT_BAD else 0
+            p, left = p_good[d], k - j
+            expected = (streak * p ** left + sum(p ** m for m in range(1, left + 1))) / k
+            assert 0.98 * expected - 1e-6 <= v[t + 1] <= expected + 1e-6, (j, streak, v[t + 1], expected)
+            checked += 1
+        assert v[len(ids) - 1] == pytest.approx(streak / k * fits("undo", ids, len(ids) - 1), abs=1e-5)
+    assert checked > 500
+
+
+def test_undo_differs_from_key_steps_where_a_mistake_follows_good_steps() -> None:
+    """The same rows valued by key-steps' additive chain (same parameters, same tokens): the
+    calibration check fails, so ``undo`` is a credit structure of its own, not key-steps renamed."""
+    table, env = _table("undo", 5000, 11), synth.make_env("undo")
+    additive = synth.make_env("key-steps", **{k: getattr(env.params, k) for k in synth.ENVIRONMENTS["undo"].defaults})
+    flat = table.column("input_ids").combine_chunks()
+    states = np.concatenate([additive.trace(r)[:-1] for r in flat.to_pylist()])
+    positions = np.concatenate([np.arange(len(r)) for r in flat.to_pylist()])
+    values = additive.values(states, positions)
+    values[flat.offsets.to_numpy()[:-1]] = 0.0
+    c = calibration(table, env, pa.ListArray.from_arrays(flat.offsets, pa.array(values)))
+    assert abs(c["slope"] - 1) > 4 * c["slope_se"] or abs(c["intercept"]) > 4 * c["intercept_se"], c
+
+
 def test_fatal_mistake_ends_the_episode_at_once_with_value_zero() -> None:
     dead = 0
     for r in rows("fatal"):

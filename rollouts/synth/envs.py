@@ -14,6 +14,8 @@ name                    where the credit sits
 ``long-tools``          ``tools`` at 2k+ policy tokens per row (long horizons, credit on turns)
 ``dense``               ``tools`` with a per-token process reward on every action (+/-0.1)
                         and a length penalty (-0.001 per policy token)
+``undo``                a bad key step undoes the good ones before it: the reward counts the
+                        streak since the last mistake, so a mistake costs what came before it
 ======================  ===================================================================
 """
 
@@ -24,7 +26,7 @@ from functools import lru_cache
 
 import pyarrow as pa
 
-from . import fatal, keysteps, multiturn, reveal
+from . import fatal, keysteps, multiturn, reveal, undo
 from .chain import Builder, SynthEnv, SynthParams
 
 
@@ -53,6 +55,9 @@ ENVIRONMENTS: dict[str, Environment] = {
     "dense": Environment(multiturn.build, "tools with a per-token process reward on every action (+/-0.1) and a "
                                           "length penalty (-0.001 per policy token)",
                          {"step_reward": 0.1, "token_penalty": 0.001}),
+    "undo": Environment(undo.build, "a bad key step undoes the good ones before it: the reward counts the streak "
+                                    "since the last mistake, so a mistake costs what came before it",
+                        {"max_need": 4, "p_good_easy": 0.95, "p_good_hard": 0.3}),
 }
 
 
