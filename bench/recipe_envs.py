@@ -64,6 +64,9 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                      "split of the same rows): how far a seed moves a cell (the seed spread under the table), "
                      "and whether it rescues a draw that failed",
                      ["targets.lam=0.98", "seed=1"]),
+    "td0.98-seed2": ("the shipped TD(0.98) with training seed 2: how often the critic leaves the prompt-only "
+                     "plateau (seeds 0-3)", ["targets.lam=0.98", "seed=2"]),
+    "td0.98-seed3": ("the shipped TD(0.98) with training seed 3", ["targets.lam=0.98", "seed=3"]),
     "td0.98-lr1e-3": ("the shipped TD(0.98) at a third of the learning rate (peak 1e-3, floor 1e-4): whether a "
                       "lookup found early is kept", ["targets.lam=0.98", "optim.lr=1e-3", "optim.min_lr=1e-4"]),
     "td0.98-heads8": ("the shipped TD(0.98) with 8 attention heads of 8 dimensions (4 key-value heads) instead of 4 "
@@ -73,6 +76,13 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                             "draw (the shipped recipe moves by up to 13 points from seed to seed)",
                             ["targets.lam=0.98", "model.config.num_attention_heads=8",
                              "model.config.num_key_value_heads=4", "seed=1"]),
+    "td0.98-heads8-seed2": ("td0.98-heads8 with training seed 2: how often more heads leave the prompt-only plateau "
+                            "(seeds 0-3, against the shipped recipe's)",
+                            ["targets.lam=0.98", "model.config.num_attention_heads=8",
+                             "model.config.num_key_value_heads=4", "seed=2"]),
+    "td0.98-heads8-seed3": ("td0.98-heads8 with training seed 3",
+                            ["targets.lam=0.98", "model.config.num_attention_heads=8",
+                             "model.config.num_key_value_heads=4", "seed=3"]),
     "td0.98-2400": ("the shipped TD(0.98) on twice the schedule (2,400 steps, the cosine stretched to match): "
                     "whether credit that arrives after step 900 of 1,200 (seed1, heads8 on long-tools) is "
                     "learned when the learning rate is still high there", ["targets.lam=0.98", "train.max_steps=2400"]),
