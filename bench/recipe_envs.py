@@ -288,6 +288,7 @@ def render(n: dict) -> str:
         lines.append(f"| {label} | {what} | " + " | ".join([*cells, *summary]) + " |")
     lines += seed_spread(n, default)
     lines += pick_vs_last(n)
+    lines += plateau_exits(n)
     lines += ["", f"Correlations behind the shipped default's cells ({default}: critic / prompt only / exact values, "
                   "all policy tokens), and the oracle-free measures a user has:", "",
               "| env | critic | prompt only | exact | val EV / ceiling | ev_group_mean | turn_change_corr |",
@@ -335,6 +336,44 @@ def seed_spread(n: dict, default: str | None) -> list[str]:
     tail = (f". The same recipe moves by up to {max(moves):.0%} ({sum(moves) / len(moves):.0%} on average) from seed "
             "to seed, so a difference between two recipes' cells smaller than that is not evidence.")
     return ["", head + "; ".join(parts) + tail]
+
+
+PLATEAU_EXIT = 0.1
+"""A run has left the prompt-only plateau at the first validation step whose GAE(0.95) advantages
+close this share of the gap on its validation rows (the oracle's measure; bench only)."""
+
+
+def left_plateau(run: Path) -> int | None:
+    """The first validation step of ``run`` (its metrics.jsonl) whose advantages close
+    ``PLATEAU_EXIT`` of the gap from the prompt-only value to the exact values; None if none did.
+    On these archives a critic first learns each prompt's value and sits there (the gap closed near
+    0) until it finds the tokens the credit hangs on, at one step or never, so this step is most of
+    what separates two runs of one recipe."""
+    metrics = run / "metrics.jsonl"
+    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+        r = json.loads(line)
+        c, g, o = (r.get(f"val/adv_corr_all_lam0.95{s}") for s in ("", "_group_mean", "_oracle_values"))
+        if None not in (c, g, o) and o != g and (c - g) / (o - g) >= PLATEAU_EXIT:
+            return int(r["step"])
+    return None
+
+
+def plateau_exits(n: dict) -> list[str]:
+    """Per environment with at least two recipes' rows that record it, the step each run left the
+    plateau (``left_plateau``), recipe by recipe."""
+    out = []
+    for env in (*TUNE, *HELDOUT):
+        rows = [r for name in RECIPES for r in n["runs"] if r["recipe"] == name and r["env"] == env
+                and "left_plateau" in r]
+        if len(rows) >= 2:
+            cells = ", ".join(f"{r['recipe']} " + (f"{r['left_plateau']:,}" if r["left_plateau"] is not None
+                                                   else f"never in {r['steps']:,}") for r in rows)
+            out.append(f"{env}: {cells}")
+    if not out:
+        return []
+    head = (f"Leaving the prompt-only plateau: the first validation step at which a run's GAE(0.95) advantages close "
+            f"{PLATEAU_EXIT:.0%} of the gap on its validation rows. ")
+    return ["", head + "; ".join(out) + "."]
 
 
 def pick_vs_last(n: dict) -> list[str]:
@@ -392,10 +431,18 @@ def main() -> None:
     p.add_argument("--envs", nargs="+", choices=[*TUNE, *HELDOUT], help="environments (default: all)")
     p.add_argument("--work", type=Path, default=Path("/tmp/critic-recipe-envs"))
     p.add_argument("--render", action="store_true", help="only re-render bench/recipes.md from the JSON")
+    p.add_argument("--backfill", action="store_true",
+                   help="add left_plateau to stored rows whose finished runs are in --work, then go on")
     p.add_argument("--redo", action="store_true",
                    help="score again what bench/recipe_envs.json already has (default: keep those numbers)")
     args = p.parse_args()
     n = json.loads(NUMBERS.read_text()) if NUMBERS.is_file() else {"runs": []}
+    if args.backfill:  # rows scored before left_plateau was recorded, whose finished runs are still here
+        for r in n["runs"]:
+            run = args.work / "runs" / f"{r['recipe']}-{r['env']}"
+            if "left_plateau" not in r and (run / f"step_{r['steps']}").is_dir():
+                r["left_plateau"] = left_plateau(run)
+        NUMBERS.write_text(json.dumps(n, indent=1) + "\n")
     if not args.render:
         for recipe in args.only or list(RECIPES):
             for env in args.envs or [*TUNE, *HELDOUT]:
@@ -408,6 +455,7 @@ def main() -> None:
                 step = picked(recipe, env, last)
                 row = {"recipe": recipe, "env": env, "steps": steps_of(recipe, env),
                        "targets": targets_of(recipe, env), "train_seconds": secs, **score(step, heldout)}
+                row["left_plateau"] = left_plateau(last.parent)
                 if keeps_best(recipe):
                     row["scored_step"] = int(step.name.removeprefix("step_"))
                 if step != last:  # the same run's last step next to the pick: what the pick bought

@@ -4,6 +4,7 @@ and the PPO benchmark's bookkeeping (resume, summary, verdict) on hand-made runs
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from critic_pretrain.bench import Result, main
 
@@ -250,3 +251,33 @@ def test_recipe_table_scores_a_keep_best_recipe_at_its_own_pick(tmp_path, monkey
     row = json.loads(r.NUMBERS.read_text())["runs"][0]
     assert row["scored_step"] == 2400 and "last" not in row
     assert "2,400 steps; scored at step tools 2,400 |" in r.DOC.read_text()
+
+
+def test_recipe_table_records_when_each_run_left_the_prompt_only_plateau(tmp_path):
+    """left_plateau reads a run's metrics.jsonl: the first validation step whose advantages close
+    PLATEAU_EXIT of the gap (training lines and a learn-then-lose later do not count); the line
+    under the table lists it per environment, 'never' for a run that did not."""
+    r = _bench("recipe_envs")
+    key = "val/adv_corr_all_lam0.95"
+
+    def run(name: str, gaps: dict[int, float]) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        lines = [{"step": 1, "train/loss": 0.1}]
+        lines += [{"step": s, key: 0.1 + 0.2 * g, f"{key}_group_mean": 0.1, f"{key}_oracle_values": 0.3}
+                  for s, g in gaps.items()]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return d
+
+    assert r.left_plateau(run("a", {0: -0.3, 50: -0.03, 100: 0.09, 150: 0.4, 200: 0.02})) == 150
+    assert r.left_plateau(run("b", {0: -0.3, 50: -0.03, 100: 0.05})) is None
+    row = {"steps": 1200, "first": {"gap_closed": 0.4}, "ev": 0.3, "ev_ceiling": 0.5, "ev_group_mean": 0.1,
+           "turn_change_corr": None, "all": {"gap_closed": 0.5, "critic": 0.2, "prompt_only": 0.1, "exact": 0.3}}
+    shipped = next(name for name in r.RECIPES if r.shipped(name))
+    twin = next(name for name in r.RECIPES if r.seed_of(name) is not None)
+    runs = [{**row, "recipe": shipped, "env": "key-steps", "left_plateau": 150},
+            {**row, "recipe": twin, "env": "key-steps", "left_plateau": None},
+            {**row, "recipe": shipped, "env": "tools", "left_plateau": 100}]  # alone in its env: no entry
+    line = next(x for x in r.render({"runs": runs}).splitlines() if x.startswith("Leaving the prompt-only plateau"))
+    assert f"key-steps: {shipped} 150, {twin} never in 1,200." in line and "tools" not in line
+    assert not any(x.startswith("Leaving") for x in r.render({"runs": runs[:1]}).splitlines())
