@@ -358,6 +358,17 @@ def left_plateau(run: Path) -> int | None:
     return None
 
 
+def val_at(run: Path, step: int, key: str) -> float | None:
+    """``key`` of the validation at ``step`` in ``run``'s metrics.jsonl (the last one logged: a
+    resumed run may have logged it twice); None if not logged."""
+    metrics, got = run / "metrics.jsonl", None
+    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
+        r = json.loads(line)
+        if r.get("step") == step and key in r:
+            got = r[key]
+    return got
+
+
 def plateau_exits(n: dict) -> list[str]:
     """Per environment with at least two recipes' rows that record it, the step each run left the
     plateau (``left_plateau``), recipe by recipe."""
@@ -373,7 +384,16 @@ def plateau_exits(n: dict) -> list[str]:
         return []
     head = (f"Leaving the prompt-only plateau: the first validation step at which a run's GAE(0.95) advantages close "
             f"{PLATEAU_EXIT:.0%} of the gap on its validation rows. ")
-    return ["", head + "; ".join(out) + "."]
+    lines = ["", head + "; ".join(out) + "."]
+    auc = {left: [r["val_sibling_auc_q4"] for r in n["runs"] if r.get("val_sibling_auc_q4") is not None
+                  and "left_plateau" in r and (r["left_plateau"] is not None) == left] for left in (False, True)}
+    if auc[False] and auc[True]:
+        lines += ["", "What a user sees of it without an oracle: `val/sibling_auc_q4` (among one prompt's responses, "
+                  "how often the better one has the higher mean value over the last quarter; 0.5 is chance) at the "
+                  f"scored step, runs that never left the plateau: {min(auc[False]):.2f}-{max(auc[False]):.2f} "
+                  f"({len(auc[False])} runs); runs that did: {min(auc[True]):.2f}-{max(auc[True]):.2f} "
+                  f"({len(auc[True])} runs)."]
+    return lines
 
 
 def pick_vs_last(n: dict) -> list[str]:
@@ -432,7 +452,8 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/critic-recipe-envs"))
     p.add_argument("--render", action="store_true", help="only re-render bench/recipes.md from the JSON")
     p.add_argument("--backfill", action="store_true",
-                   help="add left_plateau to stored rows whose finished runs are in --work, then go on")
+                   help="add left_plateau and val_sibling_auc_q4 to stored rows whose finished runs are in --work, "
+                        "then go on")
     p.add_argument("--redo", action="store_true",
                    help="score again what bench/recipe_envs.json already has (default: keep those numbers)")
     args = p.parse_args()
@@ -440,8 +461,9 @@ def main() -> None:
     if args.backfill:  # rows scored before left_plateau was recorded, whose finished runs are still here
         for r in n["runs"]:
             run = args.work / "runs" / f"{r['recipe']}-{r['env']}"
-            if "left_plateau" not in r and (run / f"step_{r['steps']}").is_dir():
-                r["left_plateau"] = left_plateau(run)
+            if (run / f"step_{r['steps']}").is_dir():
+                r.setdefault("left_plateau", left_plateau(run))
+                r.setdefault("val_sibling_auc_q4", val_at(run, r.get("scored_step", r["steps"]), "val/sibling_auc_q4"))
         NUMBERS.write_text(json.dumps(n, indent=1) + "\n")
     if not args.render:
         for recipe in args.only or list(RECIPES):
@@ -456,6 +478,8 @@ def main() -> None:
                 row = {"recipe": recipe, "env": env, "steps": steps_of(recipe, env),
                        "targets": targets_of(recipe, env), "train_seconds": secs, **score(step, heldout)}
                 row["left_plateau"] = left_plateau(last.parent)
+                row["val_sibling_auc_q4"] = val_at(last.parent, int(step.name.removeprefix("step_")),
+                                                   "val/sibling_auc_q4")
                 if keeps_best(recipe):
                     row["scored_step"] = int(step.name.removeprefix("step_"))
                 if step != last:  # the same run's last step next to the pick: what the pick bought

@@ -154,7 +154,8 @@ def test_recipe_table_retrains_a_row_whose_targets_differ(tmp_path, monkeypatch)
     r.DOC.write_text("")
     trained = []
     monkeypatch.setattr(r, "archive", lambda work, env, rows, seed: tmp_path / f"{env}-{seed}")
-    monkeypatch.setattr(r, "train", lambda work, recipe, env, data: (trained.append(recipe), (tmp_path, 1.0))[1])
+    monkeypatch.setattr(r, "train", lambda work, recipe, env, data: (trained.append(recipe),
+                                                                      (tmp_path / "step_1200", 1.0))[1])
     monkeypatch.setattr(r, "score", lambda step, heldout: {
         "all": {"gap_closed": 0.5, "critic": 0.2, "prompt_only": 0.1, "exact": 0.3}, "first": {"gap_closed": 0.5},
         "ev": 0.3, "ev_ceiling": 0.5, "ev_group_mean": 0.1, "turn_change_corr": None, "value_std": 0.1})
@@ -281,3 +282,13 @@ def test_recipe_table_records_when_each_run_left_the_prompt_only_plateau(tmp_pat
     line = next(x for x in r.render({"runs": runs}).splitlines() if x.startswith("Leaving the prompt-only plateau"))
     assert f"key-steps: {shipped} 150, {twin} never in 1,200." in line and "tools" not in line
     assert not any(x.startswith("Leaving") for x in r.render({"runs": runs[:1]}).splitlines())
+
+    # the oracle-free sign: the scored step's validation sibling AUC q4 (the last one logged at that step)
+    d = run("c", {})
+    with (d / "metrics.jsonl").open("a") as f:
+        f.writelines(json.dumps({"step": s, "val/sibling_auc_q4": a}) + "\n" for s, a in ((100, 0.5), (200, 0.6),
+                                                                                            (200, 0.9)))
+    assert r.val_at(d, 200, "val/sibling_auc_q4") == 0.9 and r.val_at(d, 300, "val/sibling_auc_q4") is None
+    runs = [{**x, "val_sibling_auc_q4": a} for x, a in zip(runs, (0.85, 0.55, 0.75))]
+    text = r.render({"runs": runs})
+    assert "never left the plateau: 0.55-0.55 (1 runs); runs that did: 0.75-0.85 (2 runs)." in text
