@@ -272,7 +272,8 @@ def test_run_with_both_regimes_and_eval_on_its_own_rollouts(tmp_path, capsys):
         "data.val_split": "both", "data.val_fraction": 0.25})) == 0
     last = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"val/loss"' in x][-1]
     for prefix in ("val", "val_response"):
-        assert {f"{prefix}/verdict", f"{prefix}/ev_vs_group_mean_lo", f"{prefix}/sibling_auc_q4"} <= last.keys()
+        assert {f"{prefix}/verdict", f"{prefix}/ev_vs_group_mean_lo", f"{prefix}/sibling_auc_q4",
+                f"{prefix}/sibling_pairs"} <= last.keys()
     step = out / "step_4"
     m = Manifest.read(step)
     assert m.val_split == "both" and set(m.raw["data"]["val_regimes"]) == {"prompt", "response"}
@@ -333,3 +334,31 @@ def test_the_oracle_rule_needs_a_margin_beyond_rounding():
     assert not verdict.beats_with_oracle(0.0387, 0.0386, 1000)        # a collapsed critic ties the control
     assert verdict.beats_with_oracle(0.76, 0.55, 1000)
     assert not verdict.beats_with_oracle(0.60, 0.55, 1000)           # 0.05 < 2 / sqrt(1000) = 0.063
+
+
+def test_end_of_run_flags_a_critic_on_the_prompt_only_plateau(tmp_path):
+    """Next to the last evaluation's verdict, a step whose sibling AUC q4 is near chance over enough
+    pairs gets one line naming the plateau and the check on unseen rollouts; a critic that ranks
+    siblings, or too few pairs to tell, gets none."""
+    from critic_pretrain.checkpoint import MANIFEST
+    from critic_pretrain.commands.train import verdict_lines
+
+    def step(name: str, auc: float, pairs: int):
+        d = tmp_path / name
+        d.mkdir()
+        info = {"val:verdict": 1.0, "val:ev_vs_group_mean": 0.21, "val:ev_vs_group_mean_lo": 0.09,
+                "val:ev_vs_group_mean_hi": 0.31, "val:sibling_auc_q4": auc, "val:sibling_pairs": pairs}
+        (d / "training_info.json").write_text(json.dumps(info))
+        size = (d / "training_info.json").stat().st_size
+        (d / MANIFEST).write_text(json.dumps({"files": {"training_info.json": size}}))
+        return verdict_lines(d)
+
+    verdict_line, plateau = step("flat", 0.55, 240)
+    assert verdict_line.startswith("verdict at the last evaluation on")
+    assert ": helps (EV over the group mean" in verdict_line
+    assert plateau.startswith("prompt-only plateau on") and "sibling AUC q4 0.55 over 240 pairs" in plateau
+    assert f"`critic-pretrain seed check {tmp_path / 'flat'} --rollouts R`" in plateau
+    assert len(step("ranks", 0.80, 240)) == 1
+    assert len(step("few", 0.55, verdict.PLATEAU_PAIRS - 1)) == 1
+    assert verdict.plateau_note(verdict.PLATEAU_AUC - 0.01, verdict.PLATEAU_PAIRS) is not None
+    assert verdict.plateau_note(math.nan, 500) is None and verdict.plateau_note(None, None) is None

@@ -63,6 +63,25 @@ V_LAST, V_FIRST, MEASURED = Q_COUNT + QUARTERS, Q_COUNT + QUARTERS + 1, Q_COUNT 
 N_FIELDS = MEASURED + 1
 
 CALLS = {"helps": 1.0, "no better than the group mean": 0.0, "harmful": -1.0}
+PLATEAU_AUC = 0.65
+"""Below this ``sibling_auc_q4`` a critic ranks one prompt's better and worse responses near chance
+by their last quarter: it has learned the prompt's value and little credit inside the responses
+(the prompt-only plateau). On the synthetic archives the runs that never left it ended at
+0.52-0.60, those that did at 0.72-0.98 (bench/recipes.md)."""
+PLATEAU_PAIRS = 100
+"""Sibling pairs below which ``plateau_note`` says nothing: too few to tell chance from a weak critic."""
+
+
+def plateau_note(auc_q4: float | None, pairs: float | None) -> str | None:
+    """One line for a critic on the prompt-only plateau (``PLATEAU_AUC``), else None. A hint next to
+    the verdict, not a verdict: on 200 validation rows such a critic can still be called **helps**
+    (its prompt values beat a few siblings' mean), while on more rollouts it is not."""
+    if auc_q4 is None or pairs is None or math.isnan(auc_q4) or pairs < PLATEAU_PAIRS or auc_q4 >= PLATEAU_AUC:
+        return None
+    return (f"its values rank a prompt's better and worse responses near chance by their last quarter (sibling AUC "
+            f"q4 {auc_q4:.2f} over {int(pairs)} pairs; below {PLATEAU_AUC:g}): it has learned each prompt's value and "
+            "little credit inside the responses; another `seed=` or a longer schedule may leave this plateau "
+            "(docs/warm.md, *the prompt-only plateau*)")
 
 
 def beats_with_oracle(critic: float, control: float, tokens: int | None) -> bool:
@@ -193,6 +212,7 @@ class Verdict:
             out.update({f"{prefix}/{name}": iv.est, f"{prefix}/{name}_lo": iv.lo, f"{prefix}/{name}_hi": iv.hi})
         for q, iv in enumerate(self.sibling_auc, 1):
             out[f"{prefix}/sibling_auc_q{q}"] = iv.est
+        out[f"{prefix}/sibling_pairs"] = float(self.sibling_pairs)
         if self.terminal_auc is not None:
             out[f"{prefix}/terminal_auc"] = self.terminal_auc.est
         return out
