@@ -362,3 +362,14 @@ def test_end_of_run_flags_a_critic_on_the_prompt_only_plateau(tmp_path):
     assert len(step("few", 0.55, verdict.PLATEAU_PAIRS - 1)) == 1
     assert verdict.plateau_note(verdict.PLATEAU_AUC - 0.01, verdict.PLATEAU_PAIRS) is not None
     assert verdict.plateau_note(math.nan, 500) is None and verdict.plateau_note(None, None) is None
+    # seed check, eval and report.md print Verdict.line: the same note follows the fix there
+    iv = verdict.Interval(0.1, 0.05, 0.2)
+
+    def judged(auc: float) -> str:
+        return verdict.Verdict(call="helps", baseline="leave-one-out group mean", ev_vs_group_mean=iv,
+                               ev_vs_batch_mean=iv, rho=iv,
+                               sibling_auc=[verdict.Interval(auc, auc - 0.03, auc + 0.03)] * 4,
+                               sibling_pairs=300, terminal_auc=None, first_token_ev_vs_group_mean=iv, groups=50,
+                               rows=400).line()
+    assert "Note: its values rank a prompt's better and worse responses near chance" in judged(0.55)
+    assert "Note:" not in judged(0.8)

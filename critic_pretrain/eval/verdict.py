@@ -202,8 +202,10 @@ class Verdict:
             parts.append(f"sibling AUC q4 {auc.text('.2f')}")
         if self.terminal_auc is not None:
             parts.append(f"terminal AUC {self.terminal_auc.text('.2f')}")
+        note = plateau_note(auc.est, self.sibling_pairs)
         return (f"{self.regime or 'held-out rollouts'}: **{self.call}** ({'; '.join(parts)}; {self.rows} rollouts of "
-                f"{self.groups} prompts, {int(LEVEL * 100)}% bootstrap intervals over prompts): {self.fix}")
+                f"{self.groups} prompts, {int(LEVEL * 100)}% bootstrap intervals over prompts): {self.fix}"
+                + (f". Note: {note}" if note else ""))
 
     def metrics(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}/verdict": CALLS.get(self.call, math.nan)}
