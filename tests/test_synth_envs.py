@@ -37,6 +37,17 @@ def calibration(table: pa.Table, env: synth.SynthEnv, values=None) -> dict:
     return stats.calibration()
 
 
+def valued_by(table: pa.Table, traced: synth.SynthEnv, valuer: synth.SynthEnv) -> pa.ListArray:
+    """The rows' oracle_values column as ``valuer``'s chain values the states ``traced``'s chain
+    reads off the tokens (0 at each row's first token, the alignment)."""
+    flat = table.column("input_ids").combine_chunks()
+    states = np.concatenate([traced.trace(r)[:-1] for r in flat.to_pylist()])
+    positions = np.concatenate([np.arange(len(r)) for r in flat.to_pylist()])
+    values = valuer.values(states, positions)
+    values[flat.offsets.to_numpy()[:-1]] = 0.0
+    return pa.ListArray.from_arrays(flat.offsets, pa.array(values))
+
+
 @pytest.mark.parametrize("name", ENVS)
 def test_return_regressed_on_the_value_has_slope_one_and_intercept_zero(name: str) -> None:
     env = synth.make_env(name)
@@ -51,13 +62,7 @@ def test_the_calibration_check_fails_values_of_a_slightly_wrong_chain(name: str,
     """The same rows valued by a chain a little off (a better policy, more telling tests): the
     check must fail, or passing it would prove nothing."""
     table, env = _table(name, 5000, 11), synth.make_env(name)
-    wrong = synth.make_env(name, **change)
-    flat = table.column("input_ids").combine_chunks()
-    states = np.concatenate([env.trace(r)[:-1] for r in flat.to_pylist()])
-    positions = np.concatenate([np.arange(len(r)) for r in flat.to_pylist()])
-    values = wrong.values(states, positions)
-    values[flat.offsets.to_numpy()[:-1]] = 0.0
-    c = calibration(table, env, pa.ListArray.from_arrays(flat.offsets, pa.array(values)))
+    c = calibration(table, env, valued_by(table, env, synth.make_env(name, **change)))
     assert abs(c["slope"] - 1) > 4 * c["slope_se"] or abs(c["intercept"]) > 4 * c["intercept_se"], c
 
 
@@ -146,12 +151,7 @@ def test_undo_differs_from_key_steps_where_a_mistake_follows_good_steps() -> Non
     calibration check fails, so ``undo`` is a credit structure of its own, not key-steps renamed."""
     table, env = _table("undo", 5000, 11), synth.make_env("undo")
     additive = synth.make_env("key-steps", **{k: getattr(env.params, k) for k in synth.ENVIRONMENTS["undo"].defaults})
-    flat = table.column("input_ids").combine_chunks()
-    states = np.concatenate([additive.trace(r)[:-1] for r in flat.to_pylist()])
-    positions = np.concatenate([np.arange(len(r)) for r in flat.to_pylist()])
-    values = additive.values(states, positions)
-    values[flat.offsets.to_numpy()[:-1]] = 0.0
-    c = calibration(table, env, pa.ListArray.from_arrays(flat.offsets, pa.array(values)))
+    c = calibration(table, env, valued_by(table, additive, additive))
     assert abs(c["slope"] - 1) > 4 * c["slope_se"] or abs(c["intercept"]) > 4 * c["intercept_se"], c
 
 

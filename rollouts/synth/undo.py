@@ -19,26 +19,9 @@ Segments of a row::
 
 from __future__ import annotations
 
-from itertools import product
+from functools import partial
 
-from .chain import Chain, Exit, Lengths, SynthParams
-from .vocab import ACT_BAD, ACT_GOOD, EOS, FILLER_POLICY, N_ACT_IDS, N_DIFFICULTY
+from .keysteps import chain
 
-
-def build(p: SynthParams, lengths: dict[str, Lengths]) -> Chain:
-    ch = Chain()
-    lt = lengths["policy"]
-    p_good = p.p_good()
-    ch.prompt(p, lengths["prompt"], lambda d, k: ch.state("run", d, k, 0, 0))
-    # ("run", d, k, j, s): filler before key step j + 1 (j == k: before EOS), a streak of s good steps.
-    for d, k in product(range(N_DIFFICULTY), range(1, p.max_need + 1)):
-        for j in range(k + 1):
-            for s in range(j + 1):
-                if j < k:
-                    exits = [Exit(ch.state("run", d, k, j + 1, s + 1), ACT_GOOD, p_good[d], N_ACT_IDS),
-                             Exit(ch.state("run", d, k, j + 1, 0), ACT_BAD, 1 - p_good[d], N_ACT_IDS)]
-                else:  # one EOS, two outcomes: the reward is drawn as the answer ends
-                    exits = [Exit(ch.end, EOS, s / k, outcome=1.0), Exit(ch.end, EOS, 1 - s / k)]
-                ch.filler(ch.state("run", d, k, j, s), ("filler", d, k, j, s), FILLER_POLICY, lt,
-                          [x for x in exits if x.prob > 0], policy=True)
-    return ch
+build = partial(chain, undo=True)
+"""key-steps' chain, where a bad step resets the count of good steps to 0."""
