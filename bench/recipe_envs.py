@@ -349,9 +349,7 @@ def left_plateau(run: Path) -> int | None:
     On these archives a critic first learns each prompt's value and sits there (the gap closed near
     0) until it finds the tokens the credit hangs on, at one step or never, so this step is most of
     what separates two runs of one recipe."""
-    metrics = run / "metrics.jsonl"
-    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
-        r = json.loads(line)
+    for r in _logged(run):
         c, g, o = (r.get(f"val/adv_corr_all_lam0.95{s}") for s in ("", "_group_mean", "_oracle_values"))
         if None not in (c, g, o) and o != g and (c - g) / (o - g) >= PLATEAU_EXIT:
             return int(r["step"])
@@ -361,12 +359,22 @@ def left_plateau(run: Path) -> int | None:
 def val_at(run: Path, step: int, key: str) -> float | None:
     """``key`` of the validation at ``step`` in ``run``'s metrics.jsonl (the last one logged: a
     resumed run may have logged it twice); None if not logged."""
-    metrics, got = run / "metrics.jsonl", None
-    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
-        r = json.loads(line)
+    got = None
+    for r in _logged(run):
         if r.get("step") == step and key in r:
             got = r[key]
     return got
+
+
+def _logged(run: Path) -> list[dict]:
+    """The lines of ``run``'s metrics.jsonl (none when it has none)."""
+    metrics = run / "metrics.jsonl"
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+
+
+def plateau_fields(run: Path, step: int) -> dict:
+    """What a row records of the plateau: when ``run`` left it, and ``step``'s validation sibling AUC q4."""
+    return {"left_plateau": left_plateau(run), "val_sibling_auc_q4": val_at(run, step, "val/sibling_auc_q4")}
 
 
 def plateau_exits(n: dict) -> list[str]:
@@ -462,8 +470,7 @@ def main() -> None:
         for r in n["runs"]:
             run = args.work / "runs" / f"{r['recipe']}-{r['env']}"
             if (run / f"step_{r['steps']}").is_dir():
-                r.setdefault("left_plateau", left_plateau(run))
-                r.setdefault("val_sibling_auc_q4", val_at(run, r.get("scored_step", r["steps"]), "val/sibling_auc_q4"))
+                r.update({**plateau_fields(run, r.get("scored_step", r["steps"])), **r})  # keep what rows have
         NUMBERS.write_text(json.dumps(n, indent=1) + "\n")
     if not args.render:
         for recipe in args.only or list(RECIPES):
@@ -477,11 +484,10 @@ def main() -> None:
                 step = picked(recipe, env, last)
                 row = {"recipe": recipe, "env": env, "steps": steps_of(recipe, env),
                        "targets": targets_of(recipe, env), "train_seconds": secs, **score(step, heldout)}
-                row["left_plateau"] = left_plateau(last.parent)
-                row["val_sibling_auc_q4"] = val_at(last.parent, int(step.name.removeprefix("step_")),
-                                                   "val/sibling_auc_q4")
+                scored = int(step.name.removeprefix("step_"))
+                row.update(plateau_fields(last.parent, scored))
                 if keeps_best(recipe):
-                    row["scored_step"] = int(step.name.removeprefix("step_"))
+                    row["scored_step"] = scored
                 if step != last:  # the same run's last step next to the pick: what the pick bought
                     row["last"] = {k: v for k, v in score(last, heldout).items() if k in ("all", "first", "ev")}
                 if NUMBERS.is_file():  # another process (other --envs) may have added rows meanwhile
