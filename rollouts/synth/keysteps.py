@@ -1,5 +1,6 @@
-"""The ``key-steps`` environment (and ``long``, the same chain at 2k+ policy tokens): the credit
-sits on a few decisive tokens in the middle of one long answer.
+"""The ``key-steps`` environment (and ``long``, the same chain at 2k+ policy tokens; ``undo``, the
+same chain where a bad step resets the count): the credit sits on a few decisive tokens in the
+middle of one long answer.
 
 Segments of a row::
 
