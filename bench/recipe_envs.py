@@ -83,6 +83,26 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.98-heads8-seed3": ("td0.98-heads8 with training seed 3",
                             ["targets.lam=0.98", "model.config.num_attention_heads=8",
                              "model.config.num_key_value_heads=4", "seed=3"]),
+    "td0.98-l3-seed1": ("the shipped TD(0.98) with 3 layers instead of 2 (model.config.num_hidden_layers; 1.5x the "
+                        "compute), training seed 1: whether depth lets the critic leave the prompt-only plateau on "
+                        "the seeds where the shipped recipe left late (key-steps 49%)",
+                        ["targets.lam=0.98", "model.config.num_hidden_layers=3", "seed=1"]),
+    "td0.98-l3-seed3": ("td0.98-l3-seed1 with training seed 3 (the shipped recipe: 40%)",
+                        ["targets.lam=0.98", "model.config.num_hidden_layers=3", "seed=3"]),
+    "td0.98-b95-seed1": ("the shipped TD(0.98) with AdamW betas (0.9, 0.95) instead of (0.9, 0.999) (optim.betas; "
+                         "the second moment of LLM pre-training), training seed 1: whether a second moment that "
+                         "follows the gradient's scale within ~20 steps leaves the plateau sooner",
+                         ["targets.lam=0.98", "optim.betas=[0.9,0.95]", "seed=1"]),
+    "td0.98-b95-seed3": ("td0.98-b95-seed1 with training seed 3", ["targets.lam=0.98", "optim.betas=[0.9,0.95]",
+                                                                   "seed=3"]),
+    "td0.98-half-seed1": ("the shipped TD(0.98) with steps of half the tokens (data.max_tokens=2048, "
+                          "train.rollouts_per_step=6) over twice the steps: the same rollouts and compute, twice the "
+                          "updates, training seed 1",
+                          ["targets.lam=0.98", "data.max_tokens=2048", "train.rollouts_per_step=6",
+                           "train.max_steps=2400", "seed=1"]),
+    "td0.98-half-seed3": ("td0.98-half-seed1 with training seed 3",
+                          ["targets.lam=0.98", "data.max_tokens=2048", "train.rollouts_per_step=6",
+                           "train.max_steps=2400", "seed=3"]),
     "td0.98-2400": ("the shipped TD(0.98) on twice the schedule (2,400 steps, the cosine stretched to match): "
                     "whether credit that arrives after step 900 of 1,200 (seed1, heads8 on long-tools) is "
                     "learned when the learning rate is still high there", ["targets.lam=0.98", "train.max_steps=2400"]),
