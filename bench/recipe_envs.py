@@ -52,43 +52,52 @@ so `undo` was added in session fourteen as a clean hold-out: it was scored only 
 default and the candidates named before its first figure (docs/LOG.md)."""
 TARGET = 0.6
 """The gap the default recipe must close on every held-out environment (issue 23)."""
+ADAM_0999 = "optim.betas=[0.9,0.999]"
+"""AdamW betas of every recipe run before session fifteen (configs/demo.yaml's until then): named
+by each of them, like its lambda, so the shipped betas (0.9, 0.95) change none of their rows."""
+
 RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.95": ("TD(0.95) from its own values, steps of >= 12 rollouts (the default in session five)",
-               ["targets.lam=0.95"]),
+               ["targets.lam=0.95", ADAM_0999]),
     "td0.8": ("TD(0.8) from its own values, steps of >= 12 rollouts (the default until session five)",
-              ["targets.lam=0.8"]),
-    "td0.98": ("TD(0.98) from its own values, steps of >= 12 rollouts", ["targets.lam=0.98"]),
+              ["targets.lam=0.8", ADAM_0999]),
+    "td0.98": ("TD(0.98) from its own values, steps of >= 12 rollouts", ["targets.lam=0.98", ADAM_0999]),
     "td0.98-0.8": ("TD from its own values, lambda 0.98 at the start to 0.8 at the end (linear, targets.lam_end)",
-                   ["targets.lam=0.98", "targets.lam_end=0.8"]),
+                   ["targets.lam=0.98", ADAM_0999, "targets.lam_end=0.8"]),
     "td0.98-seed1": ("the shipped TD(0.98) with training seed 1 (another initialization, data order and validation "
                      "split of the same rows): how far a seed moves a cell (the seed spread under the table), "
                      "and whether it rescues a draw that failed",
-                     ["targets.lam=0.98", "seed=1"]),
+                     ["targets.lam=0.98", ADAM_0999, "seed=1"]),
     "td0.98-seed2": ("the shipped TD(0.98) with training seed 2: how often the critic leaves the prompt-only "
-                     "plateau (seeds 0-3)", ["targets.lam=0.98", "seed=2"]),
-    "td0.98-seed3": ("the shipped TD(0.98) with training seed 3", ["targets.lam=0.98", "seed=3"]),
+                     "plateau (seeds 0-3)", ["targets.lam=0.98", ADAM_0999, "seed=2"]),
+    "td0.98-seed3": ("the shipped TD(0.98) with training seed 3", ["targets.lam=0.98", ADAM_0999, "seed=3"]),
     "td0.98-lr1e-3": ("the shipped TD(0.98) at a third of the learning rate (peak 1e-3, floor 1e-4): whether a "
-                      "lookup found early is kept", ["targets.lam=0.98", "optim.lr=1e-3", "optim.min_lr=1e-4"]),
+                      "lookup found early is kept", ["targets.lam=0.98", ADAM_0999, "optim.lr=1e-3",
+                                                     "optim.min_lr=1e-4"]),
     "td0.98-heads8": ("the shipped TD(0.98) with 8 attention heads of 8 dimensions (4 key-value heads) instead of 4 "
                       "of 16: the same compute, twice the heads that may find a lookup",
-                      ["targets.lam=0.98", "model.config.num_attention_heads=8", "model.config.num_key_value_heads=4"]),
+                      ["targets.lam=0.98", ADAM_0999, "model.config.num_attention_heads=8",
+                       "model.config.num_key_value_heads=4"]),
     "td0.98-heads8-seed1": ("td0.98-heads8 with training seed 1: whether more heads make finding the credit less of a "
                             "draw (the shipped recipe moves by up to 13 points from seed to seed)",
-                            ["targets.lam=0.98", "model.config.num_attention_heads=8",
+                            ["targets.lam=0.98", ADAM_0999, "model.config.num_attention_heads=8",
                              "model.config.num_key_value_heads=4", "seed=1"]),
     "td0.98-heads8-seed2": ("td0.98-heads8 with training seed 2: how often more heads leave the prompt-only plateau "
                             "(seeds 0-3, against the shipped recipe's)",
-                            ["targets.lam=0.98", "model.config.num_attention_heads=8",
+                            ["targets.lam=0.98", ADAM_0999, "model.config.num_attention_heads=8",
                              "model.config.num_key_value_heads=4", "seed=2"]),
     "td0.98-heads8-seed3": ("td0.98-heads8 with training seed 3",
-                            ["targets.lam=0.98", "model.config.num_attention_heads=8",
+                            ["targets.lam=0.98", ADAM_0999, "model.config.num_attention_heads=8",
                              "model.config.num_key_value_heads=4", "seed=3"]),
     "td0.98-l3-seed1": ("the shipped TD(0.98) with 3 layers instead of 2 (model.config.num_hidden_layers; 1.5x the "
                         "compute), training seed 1: whether depth lets the critic leave the prompt-only plateau on "
                         "the seeds where the shipped recipe left late (key-steps 49%)",
-                        ["targets.lam=0.98", "model.config.num_hidden_layers=3", "seed=1"]),
+                        ["targets.lam=0.98", ADAM_0999, "model.config.num_hidden_layers=3", "seed=1"]),
     "td0.98-l3-seed3": ("td0.98-l3-seed1 with training seed 3 (the shipped recipe: 40%)",
-                        ["targets.lam=0.98", "model.config.num_hidden_layers=3", "seed=3"]),
+                        ["targets.lam=0.98", ADAM_0999, "model.config.num_hidden_layers=3", "seed=3"]),
+    "td0.98-b95": ("the shipped TD(0.98) with AdamW betas (0.9, 0.95) (optim.betas), training seed 0: the candidate "
+                   "after its screen on key-steps' two worst seeds (td0.98-b95-seed1, -seed3)",
+                   ["targets.lam=0.98", "optim.betas=[0.9,0.95]"]),
     "td0.98-b95-seed1": ("the shipped TD(0.98) with AdamW betas (0.9, 0.95) instead of (0.9, 0.999) (optim.betas; "
                          "the second moment of LLM pre-training), training seed 1: whether a second moment that "
                          "follows the gradient's scale within ~20 steps leaves the plateau sooner",
@@ -98,60 +107,65 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.98-half-seed1": ("the shipped TD(0.98) with steps of half the tokens (data.max_tokens=2048, "
                           "train.rollouts_per_step=6) over twice the steps: the same rollouts and compute, twice the "
                           "updates, training seed 1",
-                          ["targets.lam=0.98", "data.max_tokens=2048", "train.rollouts_per_step=6",
+                          ["targets.lam=0.98", ADAM_0999, "data.max_tokens=2048", "train.rollouts_per_step=6",
                            "train.max_steps=2400", "seed=1"]),
     "td0.98-half-seed3": ("td0.98-half-seed1 with training seed 3",
-                          ["targets.lam=0.98", "data.max_tokens=2048", "train.rollouts_per_step=6",
+                          ["targets.lam=0.98", ADAM_0999, "data.max_tokens=2048", "train.rollouts_per_step=6",
                            "train.max_steps=2400", "seed=3"]),
     "td0.98-2400": ("the shipped TD(0.98) on twice the schedule (2,400 steps, the cosine stretched to match): "
                     "whether credit that arrives after step 900 of 1,200 (seed1, heads8 on long-tools) is "
-                    "learned when the learning rate is still high there", ["targets.lam=0.98", "train.max_steps=2400"]),
+                    "learned when the learning rate is still high there", ["targets.lam=0.98", ADAM_0999,
+                                                                           "train.max_steps=2400"]),
     "td0.98-2400-best": ("td0.98-2400 scored at its saved checkpoint with the lowest validation loss "
                          "(checkpoint.keep_best=1, the rule keep_best and `critic-pretrain report` use; no oracle): "
                          "whether a user's own pick keeps what the short archives learn before they over-train, "
                          "and the late credit of the long ones",
-                         ["targets.lam=0.98", "train.max_steps=2400", "checkpoint.keep_best=1"]),
+                         ["targets.lam=0.98", ADAM_0999, "train.max_steps=2400", "checkpoint.keep_best=1"]),
     "td0.98-2400-best-seed1": ("td0.98-2400-best with training seed 1: whether the pick holds from seed to seed",
-                               ["targets.lam=0.98", "train.max_steps=2400", "checkpoint.keep_best=1", "seed=1"]),
+                               ["targets.lam=0.98", ADAM_0999, "train.max_steps=2400", "checkpoint.keep_best=1",
+                                "seed=1"]),
     "td0.95-2400-best": ("TD(0.95) on twice the schedule, scored at the kept best step like td0.98-2400-best: "
                          "whether the lower lambda that dense wants (TD(0.95) 78%, TD(0.98) 62%) holds on the other "
                          "archives once the schedule is long enough for late credit",
-                         ["targets.lam=0.95", "train.max_steps=2400", "checkpoint.keep_best=1"]),
+                         ["targets.lam=0.95", ADAM_0999, "train.max_steps=2400", "checkpoint.keep_best=1"]),
     "td0.98-2400-wd0.1": ("td0.98-2400 with AdamW weight decay 0.1 (optim.weight_decay; the shipped 0.0): whether "
                           "regularization keeps twice the schedule from over-training the short archives",
-                          ["targets.lam=0.98", "train.max_steps=2400", "optim.weight_decay=0.1"]),
+                          ["targets.lam=0.98", ADAM_0999, "train.max_steps=2400", "optim.weight_decay=0.1"]),
     "lam-horizon0.5": ("TD with lambda per horizon, 1 - 1 / (0.5 x policy tokens): the shipped TD(0.98)'s reach "
                        "(1 / (1 - 0.98) = 50 tokens) on a short environment's median row (~100 policy tokens), a reach "
                        "of half the row on every row (0.999 at 2,300 policy tokens)",
-                       ["targets.lam=0.98", "targets.lam_alpha=0.5"]),
+                       ["targets.lam=0.98", ADAM_0999, "targets.lam_alpha=0.5"]),
     "token-steps": ("TD(0.8) with steps of one micro-batch (no train.rollouts_per_step): ~2 rollouts per step on "
-                    "long, the same runs as td0.8 elsewhere", ["targets.lam=0.8", "train.rollouts_per_step=null"]),
-    "mc": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none"]),
+                    "long, the same runs as td0.8 elsewhere", ["targets.lam=0.8", ADAM_0999,
+                                                               "train.rollouts_per_step=null"]),
+    "mc": ("Monte-Carlo targets", ["targets.lam=1.0", ADAM_0999, "targets.values_from=none"]),
     "refresh50": ("TD(0.8) from a target network refreshed every 50 steps",
-                  ["targets.lam=0.8", "targets.refresh_every=50"]),
-    "turn-weighted": ("TD(0.8), each policy turn weighted alike", ["targets.lam=0.8", "data.weighting=turn"]),
+                  ["targets.lam=0.8", ADAM_0999, "targets.refresh_every=50"]),
+    "turn-weighted": ("TD(0.8), each policy turn weighted alike", ["targets.lam=0.8", ADAM_0999,
+                                                                   "data.weighting=turn"]),
     "lam-horizon": ("TD with lambda per horizon, 1 - 1 / (0.05 x policy tokens)",
-                    ["targets.lam=0.8", "targets.lam_alpha=0.05"]),
+                    ["targets.lam=0.8", ADAM_0999, "targets.lam_alpha=0.05"]),
     "cut1024": ("TD(0.8) trained on rollouts cut at 1,024 tokens (long only: the others are shorter), scored at "
-                "full length", ["targets.lam=0.8", "data.max_length=1024"]),
+                "full length", ["targets.lam=0.8", ADAM_0999, "data.max_length=1024"]),
     "rope1m": ("TD(0.8) with RoPE base 1,000,000 (model.config.rope_theta; Qwen2's default is 10,000)",
-               ["targets.lam=0.8", "model.config.rope_theta=1000000"]),
+               ["targets.lam=0.8", ADAM_0999, "model.config.rope_theta=1000000"]),
     "init0.1": ("TD(0.8) with weights drawn at std 0.1 (model.config.initializer_range; Qwen2's default is 0.02)",
-                ["targets.lam=0.8", "model.config.initializer_range=0.1"]),
+                ["targets.lam=0.8", ADAM_0999, "model.config.initializer_range=0.1"]),
     "eps1e-12": ("TD(0.8) with AdamW epsilon 1e-12 (optim.eps; torch's default is 1e-8)",
-                 ["targets.lam=0.8", "optim.eps=1e-12"]),
+                 ["targets.lam=0.8", ADAM_0999, "optim.eps=1e-12"]),
     "init0.05": ("TD(0.8) with weights drawn at std 0.05 (model.config.initializer_range)",
-                 ["targets.lam=0.8", "model.config.initializer_range=0.05"]),
+                 ["targets.lam=0.8", ADAM_0999, "model.config.initializer_range=0.05"]),
     # the same recipes on the schedule the default had before (600 steps): the first comparison
-    "td0.8-600": ("TD(0.8), the default before that", ["targets.lam=0.8", "train.max_steps=600"]),
-    "mc-600": ("Monte-Carlo targets", ["targets.lam=1.0", "targets.values_from=none", "train.max_steps=600"]),
-    "td0.95-600": ("TD(0.95)", ["targets.lam=0.95", "train.max_steps=600"]),
+    "td0.8-600": ("TD(0.8), the default before that", ["targets.lam=0.8", ADAM_0999, "train.max_steps=600"]),
+    "mc-600": ("Monte-Carlo targets", ["targets.lam=1.0", ADAM_0999, "targets.values_from=none",
+                                       "train.max_steps=600"]),
+    "td0.95-600": ("TD(0.95)", ["targets.lam=0.95", ADAM_0999, "train.max_steps=600"]),
     "refresh50-600": ("TD(0.8), target network refreshed every 50 steps",
-                      ["targets.lam=0.8", "targets.refresh_every=50", "train.max_steps=600"]),
+                      ["targets.lam=0.8", ADAM_0999, "targets.refresh_every=50", "train.max_steps=600"]),
     "turn-weighted-600": ("TD(0.8), each policy turn weighted alike",
-                          ["targets.lam=0.8", "data.weighting=turn", "train.max_steps=600"]),
+                          ["targets.lam=0.8", ADAM_0999, "data.weighting=turn", "train.max_steps=600"]),
     "lam-horizon-600": ("TD, lambda per horizon (alpha 0.05)",
-                        ["targets.lam=0.8", "targets.lam_alpha=0.05", "train.max_steps=600"]),
+                        ["targets.lam=0.8", ADAM_0999, "targets.lam_alpha=0.05", "train.max_steps=600"]),
 }
 """name -> (what it is, overrides of configs/demo.yaml). Every recipe names its lambda, so a change of
 the shipped default changes no recipe; which recipe *is* the shipped default is read from
