@@ -102,6 +102,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                          "the second moment of LLM pre-training), training seed 1: whether a second moment that "
                          "follows the gradient's scale within ~20 steps leaves the plateau sooner",
                          ["targets.lam=0.98", "optim.betas=[0.9,0.95]", "seed=1"]),
+    "td0.98-b95-seed2": ("td0.98-b95 with training seed 2: key-steps over seeds 0-3, against the shipped recipe's",
+                         ["targets.lam=0.98", "optim.betas=[0.9,0.95]", "seed=2"]),
     "td0.98-b95-seed3": ("td0.98-b95-seed1 with training seed 3", ["targets.lam=0.98", "optim.betas=[0.9,0.95]",
                                                                    "seed=3"]),
     "td0.98-half-seed1": ("the shipped TD(0.98) with steps of half the tokens (data.max_tokens=2048, "

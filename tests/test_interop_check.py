@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import ROOT, tiny_overrides
 from safetensors.torch import load_file, save_file
 
@@ -81,6 +82,10 @@ def test_good_seed_passes_with_facts_and_paste_lines(run, capsys):
     assert err == "" and "ignores it on a warm start; --legacy-nemo-rl checks it" in out
     rc, out, err = check(capsys, run / "step_4", "--legacy-nemo-rl")
     assert rc == 0 and "LambdaLR" in err and "carries lr" in err  # the notes for NeMo-RL before PR #4213
+    # The state's AdamW hyperparameters replace the PPO config's too: the run's own, read from the state.
+    cfg = yaml.safe_load((run / "config.yaml").read_text())["optim"]
+    assert opt["betas"] == cfg["betas"] and opt["weight_decay"] == cfg["weight_decay"] and opt["eps"] == cfg["eps"]
+    assert f"AdamW betas {tuple(cfg['betas'])}, weight decay {cfg['weight_decay']}:" in err
 
 
 def test_json_output(run, capsys):

@@ -289,9 +289,19 @@ def check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
                                  "base_lr": base[0] if base else None,
                                  "param_groups": len(distinct), "initial_lr": not no_initial,
                                  "lr": lrs[0] if len(lrs) == 1 else lrs, "scheduler": sched_cls,
-                                 "last_epoch": state["sched"].get("last_epoch")}
+                                 "last_epoch": state["sched"].get("last_epoch"),
+                                 **{k: _shared(groups, k) for k in ("betas", "eps", "weight_decay")}}
     _optimizer_problems(report, param_shapes, OptimizerFindings(moments, covered, missing, extra, distinct, differing,
                                                                 no_initial, sched_cls), params, drop)
+
+
+def _shared(groups: dict[str, dict[str, Any]], key: str):
+    """The value of hyperparameter ``key`` that every parameter group holds (a list for betas), else None."""
+    values = {repr(list(v) if isinstance(v, tuple) else v) for g in groups.values() if (v := g.get(key)) is not None}
+    if len(values) != 1:
+        return None
+    v = next(g[key] for g in groups.values() if g.get(key) is not None)
+    return list(v) if isinstance(v, (tuple, list)) else v
 
 
 def _read_optimizer(report: SeedReport, p: ckpt.StepPaths, drop: str):
@@ -367,9 +377,12 @@ def _optimizer_problems(report: SeedReport, param_shapes: dict[str, tuple], foun
         report.fail("optimizer", f"no initial_lr in the optimizer state (saved without an LR scheduler): NeMo-RL's "
                                  f"scheduler cannot resume from it; {drop}")
     if report.target == "nemo-rl" and report.facts.get("legacy_nemo_rl"):
-        report.warn(f"the optimizer state carries lr {report.facts['optimizer']['lr']} (scheduler base lr "
-                    f"{report.facts['optimizer']['base_lr']}): an older NeMo-RL that loads it continues from these, "
-                    "not from value.optimizer.kwargs.lr; re-export with --lr LR to set it, or --drop-optimizer")
+        opt = report.facts["optimizer"]
+        betas = f", AdamW betas {tuple(opt['betas'])}" if opt.get("betas") else ""
+        decay = f", weight decay {opt['weight_decay']}" if opt.get("weight_decay") is not None else ""
+        report.warn(f"the optimizer state carries lr {opt['lr']} (scheduler base lr {opt['base_lr']}){betas}{decay}: "
+                    "an older NeMo-RL that loads it continues from these, not from value.optimizer.kwargs; "
+                    "re-export with --lr LR to set the lr, or --drop-optimizer for the PPO config's own")
     if report.target == "nemo-rl" and report.facts.get("legacy_nemo_rl") and sched_cls == "LambdaLR":
         report.warn("the optimizer's scheduler state is LambdaLR: NeMo-RL since PR #4213 ignores it; an older NeMo-RL "
                     "loads it only when value.scheduler is unset. With value.scheduler set (the PPO example: "
