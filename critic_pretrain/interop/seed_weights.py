@@ -296,12 +296,10 @@ def check_optimizer(report: SeedReport, p: ckpt.StepPaths, params: list[str],
 
 
 def _shared(groups: dict[str, dict[str, Any]], key: str):
-    """The value of hyperparameter ``key`` that every parameter group holds (a list for betas), else None."""
-    values = {repr(list(v) if isinstance(v, tuple) else v) for g in groups.values() if (v := g.get(key)) is not None}
-    if len(values) != 1:
-        return None
-    v = next(g[key] for g in groups.values() if g.get(key) is not None)
-    return list(v) if isinstance(v, (tuple, list)) else v
+    """The value of hyperparameter ``key`` that every parameter group holding it agrees on (betas as a
+    list), else None."""
+    values = [list(v) if isinstance(v, (tuple, list)) else v for g in groups.values() if (v := g.get(key)) is not None]
+    return values[0] if values and all(v == values[0] for v in values) else None
 
 
 def _read_optimizer(report: SeedReport, p: ckpt.StepPaths, drop: str):
