@@ -53,8 +53,9 @@ default and the candidates named before its first figure (docs/LOG.md)."""
 TARGET = 0.6
 """The gap the default recipe must close on every held-out environment (issue 23)."""
 ADAM_0999 = "optim.betas=[0.9,0.999]"
-"""AdamW betas of every recipe run before session fifteen (configs/demo.yaml's until then): named
-by each of them, like its lambda, so the shipped betas (0.9, 0.95) change none of their rows."""
+"""AdamW betas of every recipe run before session fifteen (configs/demo.yaml's): named by each of
+them, like its lambda, so that shipping other betas (session fifteen's candidate, `td0.98-b95`, was
+not shipped) would change none of their rows."""
 
 RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.95": ("TD(0.95) from its own values, steps of >= 12 rollouts (the default in session five)",
@@ -169,8 +170,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     "lam-horizon-600": ("TD, lambda per horizon (alpha 0.05)",
                         ["targets.lam=0.8", ADAM_0999, "targets.lam_alpha=0.05", "train.max_steps=600"]),
 }
-"""name -> (what it is, overrides of configs/demo.yaml). Every recipe names its lambda, so a change of
-the shipped default changes no recipe; which recipe *is* the shipped default is read from
+"""name -> (what it is, overrides of configs/demo.yaml). Every recipe names its lambda and its AdamW
+betas, so a change of the shipped default changes no recipe; which recipe *is* the shipped default is read from
 configs/demo.yaml (``shipped``), never written here. The step count is not part of "what": it is
 read from the resolved config (``steps``) and printed next to every row, so a row can never claim a
 schedule it did not run; the same holds for the targets (``targets_of``)."""
