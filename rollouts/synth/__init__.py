@@ -3,10 +3,10 @@
 Used to test and demo critic pretraining: a critic trained on these rows can be scored against
 the exact value of every state, and an alignment bug shows up as a measurable error where the
 value jumps. ``chain`` is the engine (exact values, sampling); one environment per module
-(``multiturn``: tools and dense, ``keysteps``: key-steps and long, ``fatal``, ``reveal``, ``undo``), named in
-``envs``; token ids in ``vocab``; ``oracle`` (the variance split, the EV ceiling and the
-calibration check of an archive); ``archive`` (shards and the ``_synth.json`` manifest); ``cli``
-(``rollouts synth``). numpy and pyarrow only.
+(``multiturn``: tools and dense, ``keysteps``: key-steps and long, ``fatal``, ``reveal``, ``undo``,
+``prefix``, ``synergy``), named in ``envs``; token ids in ``vocab``; ``oracle`` (the variance split,
+the EV ceiling and the calibration check of an archive); ``archive`` (shards and the
+``_synth.json`` manifest); ``cli`` (``rollouts synth``). numpy and pyarrow only.
 """
 
 from .archive import MANIFEST, write

@@ -1,11 +1,12 @@
 """The engine every synthetic environment shares: a token-level Markov chain whose values are exact.
 
-An environment (``multiturn``, ``keysteps``, ``fatal``, ``reveal``, ``undo``; named in ``envs``) is a
-function that builds a ``Chain`` from ``SynthParams``: states, and edges that emit one token
-each. Every emitted token determines the chain's next state, so the state before any token is a
-function of the token prefix and the value of a prefix is a table lookup ``V[state, position]``,
-computed exactly by backward induction over positions (no sampling). ``SynthEnv`` samples rows
-from the chain, looks their values up, traces prefixes and writes schema-v1 tables.
+An environment (``multiturn``, ``keysteps``, ``fatal``, ``reveal``, ``undo``, ``prefix``,
+``synergy``; named in ``envs``) is a function that builds a ``Chain`` from ``SynthParams``:
+states, and edges that emit one token each. Every emitted token determines the chain's next state,
+so the state before any token is a function of the token prefix and the value of a prefix is a
+table lookup ``V[state, position]``, computed exactly by backward induction over positions (no
+sampling). ``SynthEnv`` samples rows from the chain, looks their values up, traces prefixes and
+writes schema-v1 tables.
 
 Value semantics
 ---------------
@@ -71,7 +72,8 @@ class SynthParams:
     the ones its docstring names; ``envs.ENVIRONMENTS`` gives each name its own defaults."""
 
     env: str = "tools"
-    """The environment (``rollouts synth --list``): tools, key-steps, fatal, reveal, long, long-tools, dense, undo."""
+    """The environment (``rollouts synth --list``): tools, key-steps, fatal, reveal, long, long-tools,
+    dense, undo, prefix, synergy."""
     max_length: int = 2048
     """Rows are cut at this many tokens (``truncated``; reward 0 unless EOS fit)."""
     median_length: float = 200.0
@@ -83,7 +85,7 @@ class SynthParams:
     max_turns: int = 6
     """Policy turns before GAME_OVER (1..12)."""
     max_need: int = 3
-    """Successful turns (tools, fatal), key steps (key-steps, undo) or test pairs (reveal) a prompt
+    """Successful turns (tools, fatal), key steps (key-steps, undo, prefix, synergy) or test pairs (reveal) a prompt
     needs are drawn from 1..max_need (1..4)."""
     p_good_easy: float = 0.85
     """Probability of a good action at difficulty 0."""

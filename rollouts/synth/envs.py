@@ -16,6 +16,10 @@ name                    where the credit sits
                         and a length penalty (-0.001 per policy token)
 ``undo``                a bad key step undoes the good ones before it: the reward counts the
                         streak since the last mistake, so a mistake costs what came before it
+``prefix``              only the good key steps before the first mistake count: a key step
+                        matters only while no mistake came before it
+``synergy``             the reward's chance is the share of good key steps squared: a good step
+                        is worth more the more good steps came before it
 ======================  ===================================================================
 """
 
@@ -26,7 +30,7 @@ from functools import lru_cache
 
 import pyarrow as pa
 
-from . import fatal, keysteps, multiturn, reveal, undo
+from . import fatal, keysteps, multiturn, prefix, reveal, synergy, undo
 from .chain import Builder, SynthEnv, SynthParams
 
 
@@ -58,6 +62,12 @@ ENVIRONMENTS: dict[str, Environment] = {
     "undo": Environment(undo.build, "a bad key step undoes the good ones before it: the reward counts the streak "
                                     "since the last mistake, so a mistake costs what came before it",
                         {"max_need": 4, "p_good_easy": 0.95, "p_good_hard": 0.3}),
+    "prefix": Environment(prefix.build, "only the good key steps before the first mistake count: a key step matters "
+                                        "only while no mistake came before it",
+                          {"max_need": 4, "p_good_easy": 0.95, "p_good_hard": 0.3}),
+    "synergy": Environment(synergy.build, "the reward's chance is the share of good key steps squared: a good step is "
+                                          "worth more the more good steps came before it",
+                           {"max_need": 4, "p_good_easy": 0.95, "p_good_hard": 0.3}),
 }
 
 

@@ -23,5 +23,5 @@ from functools import partial
 
 from .keysteps import chain
 
-build = partial(chain, undo=True)
+build = partial(chain, rule="streak")
 """key-steps' chain, where a bad step resets the count of good steps to 0."""
