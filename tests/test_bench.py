@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from critic_pretrain.bench import Result, main
 
 
@@ -119,7 +122,7 @@ def test_recipe_table_names_the_shipped_default_from_the_config():
            "ev_group_mean": 0.1, "turn_change_corr": None}
     cell = {"critic": 0.2, "prompt_only": 0.1, "exact": 0.3}
     runs = [{**row, "recipe": shipped[0], "env": e, "all": {**cell, "gap_closed": g}}
-            for e, g in zip(r.TUNE, (0.7, 0.2, 0.9, 0.6))]
+            for e, g in zip(r.TUNE, (0.7, 0.2, 0.9, 0.6, 0.6, 0.6), strict=True)]
     table = r.render({"runs": runs})
     line = next(x for x in table.splitlines() if x.startswith(f"| **{shipped[0]}** (shipped default)"))
     assert line.endswith("| 20% | 60% |")  # the worst tuning environment, the choice; then the mean
@@ -292,3 +295,32 @@ def test_recipe_table_records_when_each_run_left_the_prompt_only_plateau(tmp_pat
     runs = [{**x, "val_sibling_auc_q4": a} for x, a in zip(runs, (0.85, 0.55, 0.75))]
     text = r.render({"runs": runs})
     assert "never left the plateau: 0.55-0.55 (1 runs); runs that did: 0.75-0.85 (2 runs)." in text
+
+
+def test_credit_parts_scores_the_exact_values_one_and_the_prompt_only_value_zero():
+    """bench/credit_parts.py: the exact values as the critic close the whole gap, the prompt-only
+    value none; leaving out the exact change at good or at bad key steps loses part of it (undo's
+    credit sits on both). Its reference GAE loop equals the project's compute_gae."""
+    import torch
+
+    from critic_pretrain.targets import compute_gae
+    from rollouts import synth
+
+    c = _bench("credit_parts")
+    rows = synth.generate(160, seed=3, env="undo").to_pylist()
+    exact = [np.asarray(r["oracle_values"]) for r in rows]
+    parts = c.gap_closed(rows, exact)
+    assert parts["critic"] == pytest.approx(1.0)
+    assert parts["exact + the critic's jitter"] > 0.95  # the exact values' own small moves within a stretch
+    assert 0.05 < parts["exact without the good steps' change"] < 0.95
+    assert 0.05 < parts["exact without the bad steps' change"] < 0.95
+    means = {}
+    for r in rows:
+        means.setdefault(r["group_id"], []).append(r["reward"])
+    loo = [np.full(len(r["input_ids"]), (sum(means[r["group_id"]]) - r["reward"]) / (len(means[r["group_id"]]) - 1))
+           for r in rows]
+    assert c.gap_closed(rows, loo)["critic"] == pytest.approx(0.0, abs=1e-9)
+    rng = np.random.default_rng(0)
+    v, rew = rng.normal(size=40), rng.normal(size=40)
+    ours, _ = compute_gae(torch.tensor(rew)[None], torch.ones(1, 40), gamma=1.0, lam=0.95, values=torch.tensor(v)[None])
+    assert np.allclose(c.gae(v, rew), ours[0].numpy())
