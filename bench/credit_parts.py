@@ -17,10 +17,11 @@ the true one-step advantages ``r_t + V*_{t+1} - V*_t`` over all policy tokens (t
 - ``exact without the good steps' change`` (and ``bad``): the exact values, where the change
   across a good (bad) key token is left out and every later value shifts with it.
 
-A critic that never follows the good steps cannot close more than the third-to-last row, however
-smooth it is. The GAE and the correlation here are numpy, written apart from the eval's torch code;
-the ``critic`` row equals the eval's figure (session sixteen: 46.3% for the shipped undo critic on
-1,600 fresh rows, both ways).
+The second-to-last row says how much is left for a critic that never follows the good steps,
+however smooth it is (one construction, not a bound: the bad steps' exact changes are kept). The
+GAE and the correlation here are numpy, written apart from the eval's torch code; the ``critic``
+row equals the eval's figure (session sixteen: 46.3% for the shipped undo critic on 1,600 fresh
+rows, both ways).
 """
 
 from __future__ import annotations

@@ -102,8 +102,8 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                         ["targets.lam=0.98", ADAM_0999, "model.config.num_hidden_layers=3", "seed=1"]),
     "td0.98-l3-seed3": ("td0.98-l3-seed1 with training seed 3 (the shipped recipe: 40%)",
                         ["targets.lam=0.98", ADAM_0999, "model.config.num_hidden_layers=3", "seed=3"]),
-    "td0.95-seed1": ("TD(0.95) with training seed 1: whether the shorter reach, which wins every short tuning "
-                     "environment it ran and loses `long`, follows credit that depends on the history (synergy; "
+    "td0.95-seed1": ("TD(0.95) with training seed 1: whether the shorter reach, which wins tools, key-steps and "
+                     "fatal and loses `long`, follows credit that depends on the history (synergy; "
                      "then undo)",
                      ["targets.lam=0.95", ADAM_0999, "seed=1"]),
     "td0.99": ("TD(0.99) (a reach of ~100 tokens, most of a short row): whether undo's trend with lambda (TD(0.95) "

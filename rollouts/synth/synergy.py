@@ -10,8 +10,8 @@ Segments of a row::
   with probability ``p_good[d]``, bad (an ACT_BAD id) otherwise.
 - Every good key step counts, as in key-steps, but the reward is 1 with probability ``(g / k)^2``
   (``g`` good steps), else 0. A row cut at ``max_length`` earns 0.
-- So what a key step is worth depends on the history: after ``g`` good steps, with ``r`` to come
-  at ``p = p_good[d]``, a good step rather than a bad one adds ``(2 (g + r p) + 1) / k^2`` to the
+- So what a key step is worth depends on the history: after ``g`` good steps, with ``r`` more to
+  come after this one at ``p = p_good[d]``, a good step rather than a bad one adds ``(2 (g + r p) + 1) / k^2`` to the
   value, growing with every good step before it. The critic has to count, as in ``undo`` (where a
   step's worth grows with the streak before it); here nothing is thrown away. Added in session
   sixteen as a *tuning* environment for credit that depends on a count of earlier steps, so that a
