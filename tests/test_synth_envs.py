@@ -105,6 +105,12 @@ def short(name: str) -> list[dict]:
     return [r for r in rows(name) if len(r["input_ids"]) < 400]
 
 
+def key_steps(ids: list[int]) -> tuple[int, int, list[int]]:
+    """A key-step row's difficulty, number of key steps and the positions of its key tokens."""
+    keys = [t for t in range(ids.index(synth.PROMPT_END) + 1, len(ids)) if ids[t] in KEYS]
+    return ids[1] - synth.DIFFICULTY, ids[2] - synth.NEED + 1, keys
+
+
 def test_key_steps_value_moves_only_at_the_key_tokens_inside_one_turn() -> None:
     for r in short("key-steps"):
         ids, mask = r["input_ids"], r["loss_mask"]
@@ -132,8 +138,7 @@ def test_undo_a_bad_key_step_throws_away_the_streak_before_it() -> None:
         ids, v = r["input_ids"], r["oracle_values"]
         if r["truncated"]:
             continue
-        d, k = ids[1] - synth.DIFFICULTY, ids[2] - synth.NEED + 1
-        keys = [t for t in range(ids.index(synth.PROMPT_END) + 1, len(ids)) if ids[t] in KEYS]
+        d, k, keys = key_steps(ids)
         assert len(keys) == k
         streak = 0
         for j, t in enumerate(keys, start=1):
@@ -166,8 +171,7 @@ def test_prefix_only_the_good_key_steps_before_the_first_mistake_count() -> None
         ids, v = r["input_ids"], r["oracle_values"]
         if r["truncated"]:
             continue
-        d, k = ids[1] - synth.DIFFICULTY, ids[2] - synth.NEED + 1
-        keys = [t for t in range(ids.index(synth.PROMPT_END) + 1, len(ids)) if ids[t] in KEYS]
+        d, k, keys = key_steps(ids)
         assert len(keys) == k
         good, stopped = 0, False
         for j, t in enumerate(keys, start=1):
@@ -205,8 +209,7 @@ def test_synergy_a_good_step_is_worth_more_after_good_steps() -> None:
         ids, v = r["input_ids"], r["oracle_values"]
         if r["truncated"]:
             continue
-        d, k = ids[1] - synth.DIFFICULTY, ids[2] - synth.NEED + 1
-        keys = [t for t in range(ids.index(synth.PROMPT_END) + 1, len(ids)) if ids[t] in KEYS]
+        d, k, keys = key_steps(ids)
         assert len(keys) == k
         good = 0
         for j, t in enumerate(keys, start=1):

@@ -1,9 +1,6 @@
 """The ``prefix`` environment: only the work before the first mistake counts.
 
-Segments of a row::
-
-    prompt  BOS DIFFICULTY+d NEED+(k-1) prompt-filler... PROMPT_END          mask 0
-    answer  policy-filler... KEY  (k times)  policy-filler... EOS              mask 1
+Rows are key-steps' (``keysteps``: one answer with ``k`` key tokens in filler, then EOS).
 
 - The prompt draws a difficulty ``d`` in 0..7 and a number of key steps ``k`` in 1..max_need,
   as in ``key-steps``: each key step is one token after a run of filler, good (an ACT_GOOD id)
