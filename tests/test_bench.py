@@ -324,3 +324,36 @@ def test_credit_parts_scores_the_exact_values_one_and_the_prompt_only_value_zero
     v, rew = rng.normal(size=40), rng.normal(size=40)
     ours, _ = compute_gae(torch.tensor(rew)[None], torch.ones(1, 40), gamma=1.0, lam=0.95, values=torch.tensor(v)[None])
     assert np.allclose(c.gae(v, rew), ours[0].numpy())
+
+
+def test_state_ceiling_reads_the_whole_state_before_each_token():
+    """bench/state_ceiling.py: positions that share its state share their exact value (up to the
+    truncation risk of long rows), at the alignment of oracle_values (the value before token t);
+    the views without the rule's count do not. Its tabular values close most of undo's gap, a view
+    without any count almost none. Non-key-step environments are refused."""
+    from collections import defaultdict
+
+    from rollouts import synth
+
+    s = _bench("state_ceiling")
+    for env in ("undo", "prefix", "synergy", "key-steps"):
+        rows, rule = synth.generate(120, seed=3, env=env).to_pylist(), s.rule_of(env)
+        spread = {}
+        for name, view in s.VIEWS.items():
+            seen = defaultdict(list)
+            for r in rows:
+                for t, (st, v, m) in enumerate(zip(s.states(r["input_ids"], rule), r["oracle_values"], r["loss_mask"])):
+                    if m and t < 400:  # later positions carry max_length's truncation risk
+                        seen[tuple(st[i] for i in view)].append(v)
+            spread[name] = max(np.ptp(v) for v in seen.values())
+        full, summed, none = spread.values()
+        assert full < 0.1, env
+        assert none > 0.5, env
+        assert (summed > 0.5) == (env in ("undo", "prefix")), env  # the rules that drop good steps
+    assert s.rule_of("undo") == "streak"
+    with pytest.raises(SystemExit, match="not a key-step environment"):
+        s.rule_of("tools")
+    train, fresh = (synth.generate(n, seed=seed, env="undo").to_pylist() for n, seed in ((800, 3), (240, 4)))
+    closed = s.ceiling(train, fresh, "streak")
+    assert closed["the state (d, k, j, the rule's count)"] > 0.6
+    assert closed["d, k, j (no count)"] < 0.2
