@@ -299,14 +299,18 @@ SCORE_LENGTH = 8192
 4,096 positions: the full length of every row but `long`'s and `long-tools`' longest)."""
 
 
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else x
+
+
 def score(step: Path, heldout: Path) -> dict:
     from critic_pretrain.eval import evaluate_checkpoint
 
     m = evaluate_checkpoint(step, [str(heldout)], cold_every=0, max_length=SCORE_LENGTH)["metrics"]
     out = {}
     for where in ("all", "first"):
-        c, g, o = (m.get(f"eval/adv_corr_{where}_lam0.95{s}", math.nan) for s in ("", "_group_mean",
-                                                                                  "_oracle_values"))
+        # None where the rows have no such tokens (turn-first tokens of a row with one turn)
+        c, g, o = (_nan(m.get(f"eval/adv_corr_{where}_lam0.95{s}")) for s in ("", "_group_mean", "_oracle_values"))
         out[where] = {"critic": c, "prompt_only": g, "exact": o, "gap_closed": (c - g) / (o - g)}
     out["ev"], out["ev_ceiling"] = m["eval/explained_variance"], m["eval/ev_oracle_values"]
     out["ev_group_mean"], out["turn_change_corr"] = m.get("eval/ev_group_mean"), m.get("eval/turn_change_corr")
