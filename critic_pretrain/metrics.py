@@ -184,14 +184,16 @@ class CollapseWatch:
                 f"was {self.peak:.1%}{was}")
 
 
-class OverfitWatch:
-    """A critic that learned and then lost it on the held-out rollouts: over-fitting.
+class OvertrainWatch:
+    """A critic that learned and then lost it on the held-out rollouts: over-training, the strong form.
 
     A small archive trained for many passes is memorised: the training loss keeps falling while
     the validation EV falls from its best, below that of a constant (session seventeen: a 160k
     critic on 2,200 rollouts of 53 tokens, 41 passes, went from val EV 0.39 at step 250 to -0.05
     at step 1,200, and its advantages from 35% of the gap closed to -25%). The values keep their
-    spread, so ``CollapseWatch`` does not see it. ``update`` returns one line, once, when the
+    spread, so ``CollapseWatch`` does not see it; ``report``'s over-training flag (the last val loss
+    10% of the run's improvement above its best, report/summary.py) is the mild form, read after the
+    run and raised on the demo itself, so it is no warning during training. ``update`` returns one line, once, when the
     validation EV has reached ``LEARNED`` at an evaluation after step 0 and then stays below
     ``FRACTION`` of that best for ``PATIENCE`` evaluations in a row; None otherwise. Replayed over 80
     runs on the synthetic archives (bench/recipe_envs.py's and the diagnostics of docs/LOG.md), it
@@ -228,9 +230,9 @@ class OverfitWatch:
         if self.below < self.PATIENCE or self.fired:
             return None
         self.fired = True
-        return (f"the critic is over-fitting its training rollouts: val/explained_variance fell from {self.best:.3f} "
+        return (f"over-training: the critic's val/explained_variance fell from {self.best:.3f} "
                 f"at step {self.best_step} to {ev:.3f} at step {step}, below half its best for {self.PATIENCE} "
-                "evaluations in a row")
+                "evaluations in a row (it memorises its training rollouts)")
 
 
 def _step_of(line: str) -> int:

@@ -46,7 +46,7 @@ from critic_pretrain.metrics import (
     N_SUMS,
     CollapseWatch,
     MetricsLog,
-    OverfitWatch,
+    OvertrainWatch,
     StopRule,
     progress,
     read_metrics,
@@ -104,7 +104,7 @@ class Run:
     stop_rule: StopRule
     collapse: CollapseWatch = field(default_factory=CollapseWatch)
     """Watches the validation values' spread (``train.on_collapse``)."""
-    overfit: OverfitWatch = field(default_factory=OverfitWatch)
+    overtrain: OvertrainWatch = field(default_factory=OvertrainWatch)
     """Watches the validation EV fall from its best (one warning)."""
     target: torch.nn.Module | None = None
     """The frozen copy of the critic TD targets bootstrap from (``targets.refresh_every``)."""
@@ -154,12 +154,12 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout) if resume_dir else TrainState()
     target = target_network.target_network(cfg, accelerator.unwrap_model(model), resume_dir, state.step)
     resume_step = state.step if resume_dir else None
-    stop_rule, collapse, overfit = StopRule(cfg.train.stop_when), CollapseWatch(), OverfitWatch()
+    stop_rule, collapse, overtrain = StopRule(cfg.train.stop_when), CollapseWatch(), OvertrainWatch()
     metric_names_checked = False
     if resume_dir is not None:  # the resumed run's own history: its stop rule and its metric names
         stop_rule.replay(out / "metrics.jsonl", state.step)
         collapse.replay(out / "metrics.jsonl", state.step)
-        overfit.replay(out / "metrics.jsonl", state.step)
+        overtrain.replay(out / "metrics.jsonl", state.step)
         logged = {k for rec in (read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else [])
                   for k in rec if k.startswith("val/")}
         if logged:
@@ -171,7 +171,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     return Run(cfg, accelerator, layout, data, model, optimizer, scheduler, tokenizer, resume_dir,
                state, metrics, stop_rule, collapse, data_changes=data_changes, config_changes=config_changes, lock=lock,
                tokenizer_fingerprint=tokenizer_fp, metric_names_checked=metric_names_checked,
-               rewards_logged=rewards_logged, target=target, overfit=overfit)
+               rewards_logged=rewards_logged, target=target, overtrain=overtrain)
 
 
 def make_accelerator(cfg: Config):
@@ -521,13 +521,13 @@ def evaluate_and_log(run: Run, step: int) -> None:
         raise UserError(f"{collapsed}: stopped before saving it ({kept}); start a new output_dir with a lower "
                         f"optim.lr (now {run.cfg.optim.lr:g}), Monte-Carlo targets (targets.values_from=none "
                         "targets.lam=1.0), or train.on_collapse=warn to go on", exit_code=EXIT_FAILED)
-    overfit = run.overfit.update(run.last_val, step)
-    if overfit:  # once; the run goes on (the stop rule, train.stop_when, is the user's to set)
-        best = run.overfit.best_step
+    overtrained = run.overtrain.update(run.last_val, step)
+    if overtrained:  # once; the run goes on (the stop rule, train.stop_when, is the user's to set)
+        best = run.overtrain.best_step
         kept = "is saved" if best in ckpt.find_checkpoints(run.out, quiet=True) else "was not saved"
         log.warning("%s; step_%d %s. Use the best saved checkpoint (`critic-pretrain report` ranks them; "
                     "checkpoint.keep_best=1 keeps it), and train fewer steps (train.max_steps) or on more rollouts",
-                    overfit, best, kept)
+                    overtrained, best, kept)
 
 
 def save(run: Run, step: int) -> None:

@@ -1,6 +1,6 @@
 """A critic that collapses to a constant is caught: ``CollapseWatch`` on validation records, and the
 training loop's stop before the collapsed step is saved (``train.on_collapse``). A critic that
-over-fits (its validation EV falls from its best) is named once: ``OverfitWatch``."""
+over-trains (its validation EV falls far from its best) is named once: ``OvertrainWatch``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from critic_pretrain.metrics import CollapseWatch, OverfitWatch
+from critic_pretrain.metrics import CollapseWatch, OvertrainWatch
 
 
 def rec(step: int, std: float, spread: float = 0.4, ev: float = 0.3) -> dict:
@@ -107,21 +107,21 @@ def ev(step: int, value: float) -> dict:
 
 def test_a_critic_that_learned_and_then_lost_it_on_validation_is_over_fitting_said_once():
     """The short undo of session seventeen: val EV 0.39 at step 250, then below half of it."""
-    watch = OverfitWatch()
+    watch = OvertrainWatch()
     said = [watch.update(ev(s, v), s) for s, v in [(0, -0.09), (50, 0.29), (250, 0.386), (300, 0.30), (450, 0.19),
                                                    (500, 0.11), (550, 0.25), (600, 0.12), (650, 0.10)]]
     assert said[:8] == [None] * 8  # 450, 500 below half (0.193), 550 above: the count starts again
     assert said[8] is None  # 600, 650: two in a row
     assert watch.update(ev(700, 0.083), 700) == (
-        "the critic is over-fitting its training rollouts: val/explained_variance fell from 0.386 at step 250 to "
-        "0.083 at step 700, below half its best for 3 evaluations in a row")
+        "over-training: the critic's val/explained_variance fell from 0.386 at step 250 to "
+        "0.083 at step 700, below half its best for 3 evaluations in a row (it memorises its training rollouts)")
     assert watch.update(ev(750, 0.05), 750) is None  # once
 
 
 def test_noise_below_a_learned_critic_and_an_unlearned_one_are_not_over_fitting():
-    watch = OverfitWatch()  # a plateau's noise: the best EV is under LEARNED (0.2)
+    watch = OvertrainWatch()  # a plateau's noise: the best EV is under LEARNED (0.2)
     assert all(watch.update(ev(s, v), s) is None for s, v in enumerate([0.18, 0.0, 0.01, -0.02, 0.0, 0.01], 1))
-    watch = OverfitWatch()  # a random head at step 0 is not a best; a learned critic's noise is not a fall
+    watch = OvertrainWatch()  # a random head at step 0 is not a best; a learned critic's noise is not a fall
     assert all(watch.update(ev(s, v), s) is None for s, v in [(0, 0.9), (50, 0.3), (100, 0.26), (150, 0.31),
                                                               (200, 0.27), (250, 0.33), (300, 0.29)])
     assert watch.update({"step": 350, "val/loss": 0.2}, 350) is None  # no EV logged
@@ -130,11 +130,11 @@ def test_noise_below_a_learned_critic_and_an_unlearned_one_are_not_over_fitting(
 def test_a_resumed_run_remembers_the_best_ev_and_does_not_repeat_the_warning(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [ev(0, 0.0), ev(50, 0.4), ev(100, 0.1), ev(150, 0.1)]))
-    watch = OverfitWatch()
+    watch = OvertrainWatch()
     watch.replay(path, upto=150)
     assert (watch.best, watch.best_step, watch.below) == (0.4, 50, 2)
     assert watch.update(ev(200, 0.1), 200) is not None
-    watch = OverfitWatch()
+    watch = OvertrainWatch()
     watch.replay(path.parent / "absent.jsonl", upto=150)  # a run without metrics yet
     assert watch.best_step is None
 
@@ -159,6 +159,6 @@ def test_training_warns_once_when_the_validation_ev_falls_from_its_best(tmp_path
     code = train_main(tiny_overrides(out, toy_data, **{"eval.every": 2, "train.max_steps": 12,
                                                         "checkpoint.save_every": 2, "checkpoint.keep_last": 10}))
     assert code == 0 and len(calls) == 7  # steps 0, 2, ..., 12
-    warned = [line for line in capfd.readouterr().err.splitlines() if "over-fitting" in line]
+    warned = [line for line in capfd.readouterr().err.splitlines() if "over-training:" in line]
     assert len(warned) == 1, warned
     assert "fell from 0.500 at step 2 to 0.100 at step 8" in warned[0] and "step_2 is saved" in warned[0]
