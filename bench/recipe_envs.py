@@ -251,15 +251,17 @@ def _changes_nothing(overrides: list[str]) -> bool:
     return load_config(CONFIG, overrides) == load_config(CONFIG)
 
 
-def train_run(run: Path, data: Path, steps: int, overrides: list[str]) -> tuple[Path, float | None]:
-    """``run``'s ``step_<steps>`` (configs/demo.yaml with ``overrides`` on ``data``), trained unless
-    it is there (a re-run continues), and the training seconds when this script timed all of them
-    (None for a run continued from a checkpoint: only part of it would be timed)."""
+def train_run(run: Path, data: Path, steps: int, overrides: list[str],
+              config: Path = CONFIG) -> tuple[Path, float | None]:
+    """``run``'s ``step_<steps>`` (``config``, configs/demo.yaml by default, with ``overrides`` on
+    ``data``), trained unless it is there (a re-run continues), and the training seconds when this
+    script timed all of them (None for a run continued from a checkpoint: only part of it would be
+    timed)."""
     timing = run / "train_seconds.txt"
     if not (run / f"step_{steps}").is_dir():
         resumed = any(run.glob("step_*"))  # a continued run: this call times only its own part
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train", "--config", str(CONFIG),
+        subprocess.run([sys.executable, "-m", "critic_pretrain.cli", "train", "--config", str(config),
                         f"output_dir={run}", "train.progress=false", f"data.train=[{data}]",
                         "train.on_collapse=warn", *overrides], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
         if resumed:

@@ -357,3 +357,39 @@ def test_state_ceiling_reads_the_whole_state_before_each_token():
     closed = s.ceiling(train, fresh, "streak")
     assert closed["the state (d, k, j, the rule's count)"] > 0.6
     assert closed["d, k, j (no count)"] < 0.2
+
+
+def test_backbone_envs_trains_the_shipped_targets_on_a_given_folder_and_scores_both_picks(tmp_path):
+    """bench/backbone_envs.py (the device measurement of issue 23) on a tiny Hugging Face folder:
+    the run starts from the folder's weights (they barely move in 2 steps at lr 2e-5), uses the
+    shipped targets, and one JSON line scores the kept best and the last step."""
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from critic_pretrain.config_io import load_config
+    from critic_pretrain.eval.from_checkpoint import load_checkpoint_model
+
+    folder = tmp_path / "backbone"
+    cfg = AutoConfig.for_model("qwen2", vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                               tie_word_embeddings=False)
+    torch.manual_seed(0)
+    source = AutoModelForCausalLM.from_config(cfg)
+    source.save_pretrained(folder)
+    b = _bench("backbone_envs")
+    out = tmp_path / "out.jsonl"
+    assert b.main([str(folder), "--envs", "undo", "--steps", "2", "--rows", "48", "--fresh-rows", "32",
+                   "--work", str(tmp_path / "work"), "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["env"] == "undo" and res["best"]["step"] == res["last"]["step"] == 2
+    assert all(np.isfinite(res[k]["gap_closed"]) for k in ("best", "last"))
+    step = tmp_path / "work" / "runs" / "backbone-backbone-undo-2" / "step_2"
+    run_cfg = load_config(step / "config.yaml")
+    assert run_cfg.model.name_or_path == str(folder) and run_cfg.targets.lam == 0.98
+    assert run_cfg.targets.values_from == "critic" and run_cfg.train.rollouts_per_step == 12
+    critic = load_checkpoint_model(step, run_cfg, torch.device("cpu"))
+    embed = source.model.embed_tokens.weight
+    assert torch.allclose(critic.model.embed_tokens.weight, embed, atol=1e-3)
+    assert not torch.allclose(critic.model.embed_tokens.weight, embed)  # trained, from the folder's weights
