@@ -191,14 +191,16 @@ class OvertrainWatch:
     the validation EV falls from its best, below that of a constant (session seventeen: a 160k
     critic on 2,200 rollouts of 53 tokens, 41 passes, went from val EV 0.39 at step 250 to -0.05
     at step 1,200, and its advantages from 35% of the gap closed to -25%). The values keep their
-    spread, so ``CollapseWatch`` does not see it; ``report``'s over-training flag (the last val loss
-    10% of the run's improvement above its best, report/summary.py) is the mild form, read after the
-    run and raised on the demo itself, so it is no warning during training. ``update`` returns one line, once, when the
-    validation EV has reached ``LEARNED`` at an evaluation after step 0 and then stays below
-    ``FRACTION`` of that best for ``PATIENCE`` evaluations in a row; None otherwise. Replayed over 80
-    runs on the synthetic archives (bench/recipe_envs.py's and the diagnostics of docs/LOG.md), it
-    fires on the 4 short-archive runs and on 1 of twice the demo's schedule (undo, val EV 0.33 at
-    step 600, 0.15 at step 2,150), on none of 1,200 steps on the full-length archives."""
+    spread, so ``CollapseWatch`` does not see it. ``report``'s over-training flag (the last val loss
+    above its best by 10% of the run's improvement, report/summary.py) is the mild form: read after
+    the run, and raised on the demo itself, so it is no warning during training.
+
+    ``update`` returns one line, once, when the validation EV has reached ``LEARNED`` at an
+    evaluation after step 0 and then stays below ``FRACTION`` of that best for ``PATIENCE``
+    evaluations in a row; None otherwise. Replayed over 80 runs on the synthetic archives
+    (bench/recipe_envs.py's and the diagnostics of docs/LOG.md), it fires on the 4 short-archive runs
+    and on 1 of twice the demo's schedule (undo, val EV 0.33 at step 600, 0.15 at step 2,150), and on
+    none of 1,200 steps on the full-length archives."""
 
     LEARNED = 0.2
     """The validation EV a critic must have reached before a fall counts (noise around a plateau,
