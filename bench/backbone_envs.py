@@ -42,16 +42,17 @@ def overrides(model: Path, env: str, steps: int) -> list[str]:
 
 def run_env(work: Path, model: Path, env: str, steps: int, rows: int, fresh_rows: int) -> dict:
     from critic_pretrain.checkpoint import best_steps
+    from critic_pretrain.config_io import load_config
 
     data = R.archive(work, env, rows, 0, name=f"{env}-{rows}-0" if rows != R.TRAIN_ROWS else None)
     fresh = R.archive(work, env, fresh_rows, R.HELDOUT_SEED,
                       name=f"{env}-{fresh_rows}-{R.HELDOUT_SEED}" if fresh_rows != R.HELDOUT_ROWS else None)
     t0 = time.perf_counter()
-    last, _ = R.train_run(work / "runs" / f"backbone-{model.name}-{env}-{steps}", data, steps,
+    last, _ = R.train_run(work / "runs" / f"backbone-{model.name}-{env}-{rows}-{steps}", data, steps,
                           overrides(model, env, steps), config=CONFIG)
     out = {"env": env, "model": str(model), "steps": steps, "rows": rows, "fresh_rows": fresh_rows,
            "train_s": round(time.perf_counter() - t0, 1)}
-    best = best_steps(last.parent, "val:loss", 1)[0]
+    best = best_steps(last.parent, load_config(last / "config.yaml").checkpoint.best_metric, 1)[0]
     for name, step in (("best", last.parent / f"step_{best}"), ("last", last)):
         s = R.score(step, fresh)
         out[name] = {"step": int(step.name.split("_")[1]), "gap_closed": s["all"]["gap_closed"], "ev": s["ev"],

@@ -84,11 +84,11 @@ def fit(rows: list[dict], rule: str, view: tuple[int, ...]) -> Callable[[State],
     """Tabular means of the final reward per viewed state (each row once per state), falling back to
     (d, k, j), (d, k), () for a state no training row reached."""
     sums: dict[State, list[float]] = defaultdict(lambda: [0.0, 0])
-    for r in rows:
-        for st in {tuple(s[i] for i in view) for s in states(r["input_ids"], rule)}:
-            for key in (st, st[:3], st[:2], ()):
-                sums[key][0] += r["reward"]
-                sums[key][1] += 1
+    for r in rows:  # each row once per key it reaches, at every level (a long row does not weigh more)
+        seen = {tuple(s[i] for i in view) for s in states(r["input_ids"], rule)}
+        for key in {k for st in seen for k in (st, st[:3], st[:2], ())}:
+            sums[key][0] += r["reward"]
+            sums[key][1] += 1
 
     def value(st: State) -> float:
         key = next(key for key in (tuple(st[i] for i in view), st[:3], st[:2], ()) if key in sums)
@@ -115,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("fresh", type=Path, help="rollouts of the same environment with oracle_values, scored on")
     p.add_argument("--rows", type=int, default=1600, help="fresh rows scored (default 1600, as recipe_envs)")
     args = p.parse_args(argv)
-    env = json.loads((args.train / "_synth.json").read_text())["params"]["env"]
+    env, fresh_env = (json.loads((p / "_synth.json").read_text())["params"]["env"] for p in (args.train, args.fresh))
+    if env != fresh_env:
+        raise SystemExit(f"state_ceiling: {args.train} is {env!r} and {args.fresh} is {fresh_env!r}: fit and score "
+                         "one environment")
     rule = rule_of(env)
     cols = ["input_ids", "loss_mask", "oracle_values", "reward", "group_id"]
     train = ds.dataset(args.train).to_table(columns=cols).to_pylist()

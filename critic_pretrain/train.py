@@ -524,10 +524,10 @@ def evaluate_and_log(run: Run, step: int) -> None:
     overtrained = run.overtrain.update(run.last_val, step)
     if overtrained:  # once; the run goes on (the stop rule, train.stop_when, is the user's to set)
         best = run.overtrain.best_step
-        kept = "is saved" if best in ckpt.find_checkpoints(run.out, quiet=True) else "was not saved"
+        kept = "is on disk" if best in ckpt.find_checkpoints(run.out, quiet=True) else "is not on disk"
         log.warning("%s; step_%d %s. Use the best saved checkpoint (`critic-pretrain report` ranks them; "
-                    "checkpoint.keep_best=1 keeps it), and train fewer steps (train.max_steps) or on more rollouts",
-                    overtrained, best, kept)
+                    "checkpoint.keep_best keeps the best by checkpoint.best_metric through retention), and train "
+                    "fewer steps (train.max_steps) or on more rollouts", overtrained, best, kept)
 
 
 def save(run: Run, step: int) -> None:

@@ -385,7 +385,7 @@ def test_backbone_envs_trains_the_shipped_targets_on_a_given_folder_and_scores_b
     res = json.loads(out.read_text())
     assert res["env"] == "undo" and res["best"]["step"] == res["last"]["step"] == 2
     assert all(np.isfinite(res[k]["gap_closed"]) for k in ("best", "last"))
-    step = tmp_path / "work" / "runs" / "backbone-backbone-undo-2" / "step_2"
+    step = tmp_path / "work" / "runs" / "backbone-backbone-undo-48-2" / "step_2"
     run_cfg = load_config(step / "config.yaml")
     assert run_cfg.model.name_or_path == str(folder) and run_cfg.targets.lam == 0.98
     assert run_cfg.targets.values_from == "critic" and run_cfg.train.rollouts_per_step == 12

@@ -105,7 +105,7 @@ def ev(step: int, value: float) -> dict:
     return {"step": step, "val/explained_variance": value, "val/loss": 0.2}
 
 
-def test_a_critic_that_learned_and_then_lost_it_on_validation_is_over_fitting_said_once():
+def test_a_critic_that_learned_and_then_lost_it_on_validation_is_over_training_said_once():
     """The short undo of session seventeen: val EV 0.39 at step 250, then below half of it."""
     watch = OvertrainWatch()
     said = [watch.update(ev(s, v), s) for s, v in [(0, -0.09), (50, 0.29), (250, 0.386), (300, 0.30), (450, 0.19),
@@ -118,7 +118,7 @@ def test_a_critic_that_learned_and_then_lost_it_on_validation_is_over_fitting_sa
     assert watch.update(ev(750, 0.05), 750) is None  # once
 
 
-def test_noise_below_a_learned_critic_and_an_unlearned_one_are_not_over_fitting():
+def test_noise_below_a_learned_critic_and_an_unlearned_one_are_not_over_training():
     watch = OvertrainWatch()  # a plateau's noise: the best EV is under LEARNED (0.2)
     assert all(watch.update(ev(s, v), s) is None for s, v in enumerate([0.18, 0.0, 0.01, -0.02, 0.0, 0.01], 1))
     watch = OvertrainWatch()  # a random head at step 0 is not a best; a learned critic's noise is not a fall
@@ -134,6 +134,14 @@ def test_a_resumed_run_remembers_the_best_ev_and_does_not_repeat_the_warning(tmp
     watch.replay(path, upto=150)
     assert (watch.best, watch.best_step, watch.below) == (0.4, 50, 2)
     assert watch.update(ev(200, 0.1), 200) is not None
+    fired = OvertrainWatch()  # the warning was given before the resume: not again
+    path.write_text("".join(json.dumps(r) + "\n" for r in [ev(50, 0.4), ev(100, 0.1), ev(150, 0.1), ev(200, 0.1),
+                                                           ev(250, 0.1)]))
+    fired.replay(path, upto=200)
+    assert fired.fired and fired.update(ev(250, 0.1), 250) is None and fired.update(ev(300, 0.05), 300) is None
+    later = OvertrainWatch()  # records after the resumed step are not replayed
+    later.replay(path, upto=100)
+    assert (later.best, later.below, later.fired) == (0.4, 1, False)
     watch = OvertrainWatch()
     watch.replay(path.parent / "absent.jsonl", upto=150)  # a run without metrics yet
     assert watch.best_step is None
@@ -141,7 +149,7 @@ def test_a_resumed_run_remembers_the_best_ev_and_does_not_repeat_the_warning(tmp
 
 def test_training_warns_once_when_the_validation_ev_falls_from_its_best(tmp_path, toy_data, monkeypatch, capfd):
     """The real evaluation with val EV set to 0.5 at step 2 and 0.1 after it: the warning names the
-    best step, says it is saved (checkpoints every 2 steps) and the run finishes."""
+    best step, says it is on disk (checkpoints every 2 steps) and the run finishes."""
     from conftest import tiny_overrides, train_main
 
     import critic_pretrain.train as train
@@ -161,4 +169,4 @@ def test_training_warns_once_when_the_validation_ev_falls_from_its_best(tmp_path
     assert code == 0 and len(calls) == 7  # steps 0, 2, ..., 12
     warned = [line for line in capfd.readouterr().err.splitlines() if "over-training:" in line]
     assert len(warned) == 1, warned
-    assert "fell from 0.500 at step 2 to 0.100 at step 8" in warned[0] and "step_2 is saved" in warned[0]
+    assert "fell from 0.500 at step 2 to 0.100 at step 8" in warned[0] and "step_2 is on disk" in warned[0]
