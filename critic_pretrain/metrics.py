@@ -184,7 +184,7 @@ class CollapseWatch:
                 f"was {self.peak:.1%}{was}")
 
 
-class OvertrainWatch:
+class OvertrainWatch(CollapseWatch):
     """A critic that learned and then lost it on the held-out rollouts: over-training, the strong form.
 
     A small archive trained for many passes is memorised: the training loss keeps falling while
@@ -210,16 +210,8 @@ class OvertrainWatch:
     PATIENCE = 3
     """Evaluations in a row below it (one low evaluation is noise)."""
 
-    def __init__(self):
+    def __init__(self):  # replay is CollapseWatch's: a warning given before a resume is not repeated
         self.best, self.best_step, self.below, self.fired = -math.inf, None, 0, False
-
-    def replay(self, path: str | os.PathLike, upto: int) -> None:
-        """Feed the watch the validation records a resumed run logged up to step ``upto`` (a
-        warning given before the resume is not repeated)."""
-        if Path(path).is_file():
-            for rec in read_metrics(path):
-                if rec.get("step", 1 << 62) <= upto:
-                    self.update(rec, rec.get("step", 0))
 
     def update(self, record: dict, step: int) -> str | None:
         ev = record.get("val/explained_variance")
