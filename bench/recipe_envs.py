@@ -62,6 +62,13 @@ ADAM_0999 = "optim.betas=[0.9,0.999]"
 """AdamW betas of every recipe run before session fifteen (configs/demo.yaml's): named by each of
 them, like its lambda, so that shipping other betas (session fifteen's candidate, `td0.98-b95`, was
 not shipped) would change none of their rows."""
+SINK = ["model.config.model_type=gpt_oss", "model.config.head_dim=16", "model.config.num_local_experts=1",
+        "model.config.num_experts_per_tok=1", "model.config.layer_types=[full_attention,full_attention]",
+        "model.config.sliding_window=4096", "model.config.rope_scaling=null", "model.config.rope_theta=10000.0"]
+"""configs/demo.yaml's model as gpt-oss (the `td0.98-sink` recipes): the same width, depth and heads,
+one expert (a dense MLP), no window, Qwen2's RoPE; 157,707 parameters against 156,289 (the router
+and the sinks). What changes is a learned sink logit per attention head (and gpt-oss's clamped
+SwiGLU)."""
 
 RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.95": ("TD(0.95) from its own values, steps of >= 12 rollouts (the default in session five)",
@@ -153,6 +160,12 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
                          "whether the lower lambda that dense wants (TD(0.95) 78%, TD(0.98) 62%) holds on the other "
                          "archives once the schedule is long enough for late credit",
                          ["targets.lam=0.95", ADAM_0999, "train.max_steps=2400", "checkpoint.keep_best=1"]),
+    "td0.98-sink": ("the shipped TD(0.98) on a gpt-oss-shaped model of the same size (hidden 64, 2 layers, 4 heads "
+                    "of 16, one expert, full attention on both layers, plain RoPE): gpt-oss attention has a learned "
+                    "sink logit per head, so a head's weight on the key tokens can grow with their count, where "
+                    "softmax over the row alone averages them (undo's rows, session eighteen: the Qwen2 critic's "
+                    "value after one bad step equals its value after three)", ["targets.lam=0.98", ADAM_0999, *SINK]),
+    "td0.98-sink-seed1": ("td0.98-sink with training seed 1", ["targets.lam=0.98", ADAM_0999, *SINK, "seed=1"]),
     "td0.98-2400-wd0.1": ("td0.98-2400 with AdamW weight decay 0.1 (optim.weight_decay; the shipped 0.0): whether "
                           "regularization keeps twice the schedule from over-training the short archives",
                           ["targets.lam=0.98", ADAM_0999, "train.max_steps=2400", "optim.weight_decay=0.1"]),

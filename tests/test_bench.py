@@ -393,3 +393,28 @@ def test_backbone_envs_trains_the_shipped_targets_on_a_given_folder_and_scores_b
     embed = source.model.embed_tokens.weight
     assert torch.allclose(critic.model.embed_tokens.weight, embed, atol=1e-3)
     assert not torch.allclose(critic.model.embed_tokens.weight, embed)  # trained, from the folder's weights
+
+
+def test_exact_targets_trains_the_shipped_model_on_the_exact_values(tmp_path):
+    """bench/exact_targets.py (issue 23's reading of what the model can learn): the archive it trains
+    on carries the exact values as its `values` column, row for row, and the run bootstraps TD(0)
+    targets from them (the shipped model and optimizer otherwise); one JSON line scores it."""
+
+    import pyarrow.parquet as pq
+
+    from critic_pretrain.config_io import load_config
+
+    e = _bench("exact_targets")
+    out = tmp_path / "out.jsonl"
+    assert e.main(["--envs", "undo", "--seeds", "0", "--steps", "2", "--rows", "48", "--fresh-rows", "32",
+                   "--work", str(tmp_path / "work"), "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["env"] == "undo" and res["lam"] == 0.0 and np.isfinite(res["gap_closed"])
+    for name in ("undo-48-0-exact", "undo-32-101-exact"):
+        table = pq.read_table(tmp_path / "work" / "data" / name)
+        assert table.column("values").to_pylist() == table.column("oracle_values").to_pylist()
+        assert table.num_rows in (48, 32)
+    step = tmp_path / "work" / "runs" / "exact-lam0-seed0-undo-48-2" / "step_2"
+    cfg = load_config(step / "config.yaml")
+    assert cfg.targets.values_from == "data" and cfg.targets.lam == 0.0
+    assert cfg.model.config["hidden_size"] == 64 and cfg.optim.lr == 3e-3  # configs/demo.yaml's model and optimizer

@@ -147,9 +147,13 @@ def test_a_resumed_run_remembers_the_best_ev_and_does_not_repeat_the_warning(tmp
     assert watch.best_step is None
 
 
-def test_training_warns_once_when_the_validation_ev_falls_from_its_best(tmp_path, toy_data, monkeypatch, capfd):
+@pytest.mark.parametrize(("save_every", "keep_last", "said"), [(2, 10, "step_2 is on disk"),
+                                                               (4, 1, "step_2 is not on disk")])
+def test_training_warns_once_when_the_validation_ev_falls_from_its_best(tmp_path, toy_data, monkeypatch, capfd,
+                                                                        save_every, keep_last, said):
     """The real evaluation with val EV set to 0.5 at step 2 and 0.1 after it: the warning names the
-    best step, says it is on disk (checkpoints every 2 steps) and the run finishes."""
+    best step, says whether it is on disk (saved every 2 steps and kept; or saved every 4, so
+    step_2 never was) and the run finishes."""
     from conftest import tiny_overrides, train_main
 
     import critic_pretrain.train as train
@@ -165,8 +169,9 @@ def test_training_warns_once_when_the_validation_ev_falls_from_its_best(tmp_path
     monkeypatch.setattr(train, "evaluate", evaluate)
     out = tmp_path / "run"
     code = train_main(tiny_overrides(out, toy_data, **{"eval.every": 2, "train.max_steps": 12,
-                                                        "checkpoint.save_every": 2, "checkpoint.keep_last": 10}))
+                                                        "checkpoint.save_every": save_every,
+                                                        "checkpoint.keep_last": keep_last}))
     assert code == 0 and len(calls) == 7  # steps 0, 2, ..., 12
     warned = [line for line in capfd.readouterr().err.splitlines() if "over-training:" in line]
     assert len(warned) == 1, warned
-    assert "fell from 0.500 at step 2 to 0.100 at step 8" in warned[0] and "step_2 is on disk" in warned[0]
+    assert "fell from 0.500 at step 2 to 0.100 at step 8" in warned[0] and said in warned[0]
