@@ -22,10 +22,11 @@ Per call, the fastest exact kernel is chosen:
 - ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA, 16-bit):
   FlashAttention over the packed row, O(N) memory; windows through its ``window_size``
   where this torch has it. No softcap, sinks or dropout.
-- ``sdpa``: one ``scaled_dot_product_attention`` call per rollout (CPU, fp32, or what
-  varlen lacks): causal, or a banded [L, L] mask for a rollout longer than its window.
-- ``math``: the eager formula per rollout (softcap, sinks): [H, L, L] logits per rollout,
-  as the consumer's eager path holds them.
+- ``sdpa``: one ``scaled_dot_product_attention`` call per rollout (CPU, fp32, sinks, or what
+  varlen lacks): causal, or a banded [L, L] mask for a rollout longer than its window. Sinks
+  ride on it as one more key that every query sees (``_sdpa_with_sinks``).
+- ``math``: the eager formula per rollout (softcap): [H, L, L] logits per rollout, as the
+  consumer's eager path holds them.
 
 Anything else a layer asks for (an extra we do not know) is refused: ``inspect_model``
 finds it at start-up and the model then runs transformers' own ``sdpa``/``eager`` on the
@@ -110,8 +111,10 @@ def _varlen_has_window() -> bool:
 
 def kernel_for(device: torch.device, dtype: torch.dtype, x: Extras) -> str:
     """The kernel ``critic_packed`` uses for one layer's call: varlen, sdpa or math."""
-    if x.softcap is not None or x.sinks is not None:
+    if x.softcap is not None:
         return "math"
+    if x.sinks is not None:  # varlen has no sinks; SDPA carries them as a key (_sdpa_with_sinks)
+        return "sdpa"
     if (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) and _varlen() is not None
             and x.dropout == 0 and (x.window is None or _varlen_has_window())):
         return "varlen"
@@ -166,13 +169,15 @@ def _attend(q, k, v, scaling, x: Extras) -> torch.Tensor:
     q [B, Hq, L, D], k/v [B, Hkv, L, D] -> [B, Hq, L, D]."""
     L = q.shape[2]
     gqa = k.shape[1] != q.shape[1]
-    if x.softcap is None and x.sinks is None:
+    if x.softcap is None and x.sinks is not None:
+        return _sdpa_with_sinks(q, k, v, scaling, x)
+    if x.softcap is None:
         if x.window is None or L <= x.window:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=x.dropout,
                                                   enable_gqa=gqa)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=_band(L, x.window, q.device), scale=scaling,
                                               dropout_p=x.dropout, enable_gqa=gqa)
-    # The eager formula (Gemma 2 softcap, gpt-oss sinks): logits [B, Hq, L, L] in memory.
+    # The eager formula (Gemma 2 softcap, with gpt-oss sinks if a model had both): logits [B, Hq, L, L] in memory.
     if gqa:
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -189,6 +194,45 @@ def _attend(q, k, v, scaling, x: Extras) -> torch.Tensor:
         probs = torch.softmax(logits, dim=-1)
     probs = F.dropout(probs, p=x.dropout, training=x.dropout > 0).to(v.dtype)
     return torch.matmul(probs, v)
+
+
+def _sdpa_with_sinks(q, k, v, scaling, x: Extras) -> torch.Tensor:
+    """gpt-oss attention sinks through SDPA, exactly: the eager softmax over [logits, sink_h]
+    with the sink's probability dropped is attention over one more key, placed before the first
+    token, that every query sees, whose logit is ``sink_h`` and whose value is 0.
+
+    Every head dimension grows by two: the queries carry ``sink_h / scale`` there (as a 16-bit
+    pair, hi + lo, so the kernel's fp32 accumulation sees it to ~16 bits, not bf16's 8; in fp32
+    lo is 0), the real keys (0, 0) and the sink key (1, 1), so the sink key's logit is ``sink_h``
+    and every other logit is unchanged (the sink lives in the query, so it stays per query head
+    under GQA). A zero query row before the first token makes the [L + 1, L + 1] problem square,
+    so ``is_causal`` lets token i see the sink and tokens 0..i; its output row is dropped.
+    Gradients reach ``sinks`` through the queries' extra dimensions. Memory O(L) where the kernel
+    is flash (the eager formula holds [Hq, L, L] logits: 64 GB for 64 heads at 16k tokens in fp32).
+    q [B, Hq, L, D], k/v [B, Hkv, L, D] -> [B, Hq, L, D]."""
+    B, Hq, L, D = q.shape
+    Hkv = k.shape[1]
+    scale = scaling if scaling is not None else D ** -0.5
+    s = x.sinks.to(torch.promote_types(x.sinks.dtype, torch.float32)) / scale         # [Hq]
+    hi = s.to(q.dtype)
+    lo = (s - hi.to(s.dtype)).to(q.dtype)
+    sink = torch.stack([hi, lo], dim=-1).reshape(1, Hq, 1, 2).expand(B, Hq, L + 1, 2)
+    q1 = torch.cat([F.pad(q, (0, 0, 1, 0)), sink], dim=-1)                          # [B, Hq, L+1, D+2]
+    sink_key = F.pad(k.new_ones(B, Hkv, 1, 2), (D, 0))                               # [B, Hkv, 1, D+2]: (0.., 1, 1)
+    k1 = torch.cat([sink_key, F.pad(k, (0, 2))], dim=2)                              # [B, Hkv, L+1, D+2]
+    # value 0 for the sink key; zero dimensions too, since CPU flash wants v as wide as q (9x faster)
+    v1 = F.pad(v, (0, 2, 1, 0))                                                      # [B, Hkv, L+1, D+2]
+    gqa = Hkv != Hq
+    if x.window is None or L <= x.window:
+        out = F.scaled_dot_product_attention(q1, k1, v1, is_causal=True, scale=scale, dropout_p=x.dropout,
+                                             enable_gqa=gqa)
+    else:  # the window over the real keys; the sink key stays in every row's view
+        allowed = torch.zeros(L + 1, L + 1, dtype=torch.bool, device=q.device)
+        allowed[:, 0] = True
+        allowed[1:, 1:] = _band(L, x.window, q.device)
+        out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=allowed, scale=scale, dropout_p=x.dropout,
+                                             enable_gqa=gqa)
+    return out[:, :, 1:, :D]
 
 
 def _band(L: int, window: int, device) -> torch.Tensor:
@@ -275,7 +319,7 @@ class AttentionPlan:
         kern = ", ".join(f"{KERNELS[k]} on {n}/{self.layers} layers" for k, n in ks.most_common())
         why = []
         if ks.get("math"):
-            why.append("softcap and sinks need the exact per-rollout eager formula")
+            why.append("softcap needs the exact per-rollout eager formula")
         if ks.get("sdpa") and device.type == "cuda" and self.windows and not _varlen_has_window():
             why.append("this torch's varlen has no window_size")
         return f"{kern}" + (f" ({'; '.join(feats)})" if feats else "") + (f"; {'; '.join(why)}" if why else "")

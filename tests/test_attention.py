@@ -245,8 +245,9 @@ def compare_packed_to_eager(family: str, device: str, dtype: torch.dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("family", ["mistral", "qwen2", "gemma2", "gpt_oss"])
 def test_cuda_kernels_match_eager(family):
-    """bf16 on CUDA: varlen with window_size (Mistral, Qwen2) and the per-rollout eager formula
-    (Gemma 2 softcap, gpt-oss sinks) against eager attention one rollout at a time.
+    """bf16 on CUDA: varlen with window_size (Mistral, Qwen2), the per-rollout eager formula
+    (Gemma 2 softcap) and per-rollout SDPA with the sink as one more key (gpt-oss) against eager
+    attention one rollout at a time.
 
     gpt-oss is a mixture of experts: in bf16 a near-tie in a router's top-k can go either way
     between two exact attentions (on the H200, 2 of 1,281 tokens, values off by 1.9). Such
@@ -263,3 +264,51 @@ def test_cuda_kernels_match_eager(family):
         ours, want, _, _, flipped = compare_packed_to_eager(family, "cuda", torch.float32)
         assert not flipped.any()
         torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4 * max(1.0, float(want.abs().max())))
+
+
+@pytest.mark.parametrize(("hkv", "window", "L"), [(4, None, 37), (2, None, 37), (2, 8, 37), (1, 64, 37)])
+def test_sinks_through_sdpa_match_the_eager_formula_values_and_gradients(hkv, window, L):
+    """gpt-oss sinks ride on SDPA as one more key (attention._sdpa_with_sinks); against the eager
+    formula (softmax over [logits, sink], the sink's probability dropped, as transformers' eager
+    gpt-oss attention): outputs and the gradients of q, k, v and the sinks, with GQA, a window
+    shorter than the rollout and one longer, in float64."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, L, 16, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, hkv, L, 16, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    sinks = (torch.randn(4, dtype=torch.float64) * 2).requires_grad_()
+    x = attention.Extras(window=window, sinks=sinks)
+    assert attention.kernel_for(torch.device("cpu"), torch.float32, x) == "sdpa"
+
+    def eager():
+        rep = 4 // hkv
+        kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        logits = q @ kk.transpose(-1, -2) * 16 ** -0.5
+        logits = logits.masked_fill(~attention._band(L, window or L, q.device), float("-inf"))
+        probs = torch.softmax(torch.cat([logits, sinks.reshape(1, -1, 1, 1).expand(2, -1, L, 1)], -1), -1)
+        return probs[..., :-1] @ vv
+
+    ours, want = attention._attend(q, k, v, None, x), eager()
+    torch.testing.assert_close(ours, want, rtol=1e-10, atol=1e-10)
+    probe = torch.randn_like(want)
+    grads = torch.autograd.grad((ours * probe).sum(), (q, k, v, sinks))
+    wants = torch.autograd.grad((want * probe).sum(), (q, k, v, sinks))
+    for g, w in zip(grads, wants):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
+    assert sinks.grad is None and wants[3].abs().min() > 0  # the sinks learn
+
+
+
+def test_sinks_through_sdpa_keep_the_sink_logit_in_bfloat16():
+    """In 16-bit the sink rides as a pair (hi + lo), so the kernel sees the sink's logit to ~16
+    bits, not bf16's 8. With every real logit 0 and every value 1, token i's output is
+    (i + 1) / (i + 1 + e^sink), exact in float64: here sink / scale = 34.625, halfway between two
+    bf16 numbers, so a single bf16 number moves the logit by 0.0156 (on this CPU the outputs were
+    then off by up to 0.0069; with the pair 0.0022, bf16's rounding of an output near 0.5)."""
+    L, D = 128, 64
+    q, k = torch.zeros(1, 1, L, D, dtype=torch.bfloat16), torch.zeros(1, 1, L, D, dtype=torch.bfloat16)
+    v = torch.ones(1, 1, L, D, dtype=torch.bfloat16)
+    sinks = torch.tensor([34.625 * D ** -0.5])
+    ours = attention._attend(q, k, v, None, attention.Extras(sinks=sinks))[0, 0, :, 0].double()
+    n = torch.arange(1, L + 1, dtype=torch.float64)
+    want = n / (n + torch.exp(sinks.double()))
+    torch.testing.assert_close(ours, want, rtol=0, atol=3e-3)
