@@ -67,8 +67,8 @@ SINK = ["model.config.model_type=gpt_oss", "model.config.head_dim=16", "model.co
         "model.config.sliding_window=4096", "model.config.rope_scaling=null", "model.config.rope_theta=10000.0"]
 """configs/demo.yaml's model as gpt-oss (the `td0.98-sink` recipes): the same width, depth and heads,
 one expert (a dense MLP), no window, Qwen2's RoPE; 157,707 parameters against 156,289 (the router
-and the sinks). What changes is a learned sink logit per attention head (and gpt-oss's clamped
-SwiGLU)."""
+and the sinks 138, output-projection and expert biases 1,280). What changes is a learned sink logit
+per attention head (and gpt-oss's clamped SwiGLU and those biases)."""
 
 RECIPES: dict[str, tuple[str, list[str]]] = {
     "td0.95": ("TD(0.95) from its own values, steps of >= 12 rollouts (the default in session five)",

@@ -201,27 +201,34 @@ def _sdpa_with_sinks(q, k, v, scaling, x: Extras) -> torch.Tensor:
     with the sink's probability dropped is attention over one more key, placed before the first
     token, that every query sees, whose logit is ``sink_h`` and whose value is 0.
 
-    Every head dimension grows by two: the queries carry ``sink_h / scale`` there (as a 16-bit
-    pair, hi + lo, so the kernel's fp32 accumulation sees it to ~16 bits, not bf16's 8; in fp32
-    lo is 0), the real keys (0, 0) and the sink key (1, 1), so the sink key's logit is ``sink_h``
-    and every other logit is unchanged (the sink lives in the query, so it stays per query head
-    under GQA). A zero query row before the first token makes the [L + 1, L + 1] problem square,
-    so ``is_causal`` lets token i see the sink and tokens 0..i; its output row is dropped.
-    Gradients reach ``sinks`` through the queries' extra dimensions. Memory O(L) where the kernel
-    is flash (the eager formula holds [Hq, L, L] logits: 64 GB for 64 heads at 16k tokens in fp32).
+    The head dimension grows by two (to a multiple of 8 on CUDA, where the fused kernels want
+    one): the queries carry ``sink_h / scale`` there as a pair in the compute dtype, hi + lo, so
+    the kernel's fp32 accumulation sees it to ~16 bits where one bf16 number keeps 8 (in fp32 lo
+    is 0); the real keys carry (0, 0) and the sink key (1, 1), so the sink key's logit is
+    ``sink_h`` and every other logit is unchanged (the sink lives in the query, so it stays per
+    query head under GQA). A zero query row before the first token makes the [L + 1, L + 1]
+    problem square, so ``is_causal`` lets token i see the sink and tokens 0..i; its output row is
+    dropped. Gradients reach ``sinks`` through the queries' extra dimensions. On a causal layer
+    the kernel can be flash, O(L) memory (the eager formula holds [Hq, L, L] logits: 64 GB for
+    64 heads at 16k tokens in fp32); a windowed layer longer than its window passes an
+    [L + 1, L + 1] mask, as the plain windowed path does.
     q [B, Hq, L, D], k/v [B, Hkv, L, D] -> [B, Hq, L, D]."""
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
+    dt = compute_dtype(v)  # under autocast q and k leave RoPE in fp32: split the sink for the dtype that runs
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
     scale = scaling if scaling is not None else D ** -0.5
+    extra = 2 + (-(D + 2)) % 8 if q.device.type == "cuda" else 2  # CUDA: D + extra a multiple of 8
     s = x.sinks.to(torch.promote_types(x.sinks.dtype, torch.float32)) / scale         # [Hq]
-    hi = s.to(q.dtype)
-    lo = (s - hi.to(s.dtype)).to(q.dtype)
-    sink = torch.stack([hi, lo], dim=-1).reshape(1, Hq, 1, 2).expand(B, Hq, L + 1, 2)
-    q1 = torch.cat([F.pad(q, (0, 0, 1, 0)), sink], dim=-1)                          # [B, Hq, L+1, D+2]
-    sink_key = F.pad(k.new_ones(B, Hkv, 1, 2), (D, 0))                               # [B, Hkv, 1, D+2]: (0.., 1, 1)
-    k1 = torch.cat([sink_key, F.pad(k, (0, 2))], dim=2)                              # [B, Hkv, L+1, D+2]
+    hi = s.to(dt)
+    lo = (s - hi.to(s.dtype)).to(dt)
+    sink = F.pad(torch.stack([hi, lo], dim=-1), (0, extra - 2))                      # [Hq, extra]
+    q1 = torch.cat([F.pad(q, (0, 0, 1, 0)), sink.reshape(1, Hq, 1, extra).expand(B, Hq, L + 1, extra)], dim=-1)
+    key = F.pad(k.new_ones(2), (0, extra - 2))                                       # (1, 1, 0..)
+    sink_key = F.pad(key.expand(B, Hkv, 1, extra), (D, 0))                           # [B, Hkv, 1, D+extra]
+    k1 = torch.cat([sink_key, F.pad(k, (0, extra))], dim=2)                          # [B, Hkv, L+1, D+extra]
     # value 0 for the sink key; zero dimensions too, since CPU flash wants v as wide as q (9x faster)
-    v1 = F.pad(v, (0, 2, 1, 0))                                                      # [B, Hkv, L+1, D+2]
+    v1 = F.pad(v, (0, extra, 1, 0))                                                  # [B, Hkv, L+1, D+extra]
     gqa = Hkv != Hq
     if x.window is None or L <= x.window:
         out = F.scaled_dot_product_attention(q1, k1, v1, is_causal=True, scale=scale, dropout_p=x.dropout,
@@ -320,7 +327,9 @@ class AttentionPlan:
         why = []
         if ks.get("math"):
             why.append("softcap needs the exact per-rollout eager formula")
-        if ks.get("sdpa") and device.type == "cuda" and self.windows and not _varlen_has_window():
+        if ks.get("sdpa") and device.type == "cuda" and self.sinks:
+            why.append("varlen has no sinks: they ride on SDPA as one more key")
+        elif ks.get("sdpa") and device.type == "cuda" and self.windows and not _varlen_has_window():
             why.append("this torch's varlen has no window_size")
         return f"{kern}" + (f" ({'; '.join(feats)})" if feats else "") + (f"; {'; '.join(why)}" if why else "")
 

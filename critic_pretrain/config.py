@@ -45,7 +45,7 @@ class ModelConfig:
     mixed precision is set by `train.mixed_precision`)."""
     attn_implementation: str = "auto"
     """Attention kernel. `auto`: our packed attention, exact for each layer's window, softcap,
-    scale and sinks (torch varlen on CUDA, per-rollout SDPA or eager formula on CPU); or any
+    scale and sinks (torch varlen on CUDA, else per-rollout SDPA, the eager formula for softcap); or any
     transformers name (`sdpa`, `eager`, `flash_attention_2`, ...)."""
     trust_remote_code: bool = False
     """Allow custom modelling code from `name_or_path`."""

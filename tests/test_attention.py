@@ -266,49 +266,56 @@ def test_cuda_kernels_match_eager(family):
         torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4 * max(1.0, float(want.abs().max())))
 
 
-@pytest.mark.parametrize(("hkv", "window", "L"), [(4, None, 37), (2, None, 37), (2, 8, 37), (1, 64, 37)])
-def test_sinks_through_sdpa_match_the_eager_formula_values_and_gradients(hkv, window, L):
+@pytest.mark.parametrize(("hkv", "window", "scaling"), [(4, None, None), (2, None, None), (2, 8, None),
+                                                      (1, 64, None), (2, 8, 0.0625)])
+def test_sinks_through_sdpa_match_the_eager_formula_values_and_gradients(hkv, window, scaling):
     """gpt-oss sinks ride on SDPA as one more key (attention._sdpa_with_sinks); against the eager
     formula (softmax over [logits, sink], the sink's probability dropped, as transformers' eager
     gpt-oss attention): outputs and the gradients of q, k, v and the sinks, with GQA, a window
-    shorter than the rollout and one longer, in float64."""
+    shorter than the rollout and one longer, a softmax scale passed in (gpt-oss passes one), in
+    float64."""
+    L = 37
     torch.manual_seed(0)
     q = torch.randn(2, 4, L, 16, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(2, hkv, L, 16, dtype=torch.float64, requires_grad=True) for _ in range(2))
     sinks = (torch.randn(4, dtype=torch.float64) * 2).requires_grad_()
     x = attention.Extras(window=window, sinks=sinks)
-    assert attention.kernel_for(torch.device("cpu"), torch.float32, x) == "sdpa"
+    scale = scaling if scaling is not None else 16 ** -0.5
 
     def eager():
         rep = 4 // hkv
         kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        logits = q @ kk.transpose(-1, -2) * 16 ** -0.5
+        logits = q @ kk.transpose(-1, -2) * scale
         logits = logits.masked_fill(~attention._band(L, window or L, q.device), float("-inf"))
         probs = torch.softmax(torch.cat([logits, sinks.reshape(1, -1, 1, 1).expand(2, -1, L, 1)], -1), -1)
         return probs[..., :-1] @ vv
 
-    ours, want = attention._attend(q, k, v, None, x), eager()
+    ours, want = attention._attend(q, k, v, scaling, x), eager()
     torch.testing.assert_close(ours, want, rtol=1e-10, atol=1e-10)
     probe = torch.randn_like(want)
     grads = torch.autograd.grad((ours * probe).sum(), (q, k, v, sinks))
     wants = torch.autograd.grad((want * probe).sum(), (q, k, v, sinks))
     for g, w in zip(grads, wants):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
-    assert sinks.grad is None and wants[3].abs().min() > 0  # the sinks learn
+    assert wants[3].abs().min() > 0  # the sinks learn, so their gradient was compared
 
 
-
-def test_sinks_through_sdpa_keep_the_sink_logit_in_bfloat16():
+@pytest.mark.parametrize("autocast", [False, True])
+def test_sinks_through_sdpa_keep_the_sink_logit_in_bfloat16(autocast):
     """In 16-bit the sink rides as a pair (hi + lo), so the kernel sees the sink's logit to ~16
-    bits, not bf16's 8. With every real logit 0 and every value 1, token i's output is
+    bits, not bf16's 8: with bf16 weights, and under autocast, where q and k arrive in fp32 (out
+    of RoPE) and v in bf16. With every real logit 0 and every value 1, token i's output is
     (i + 1) / (i + 1 + e^sink), exact in float64: here sink / scale = 34.625, halfway between two
     bf16 numbers, so a single bf16 number moves the logit by 0.0156 (on this CPU the outputs were
-    then off by up to 0.0069; with the pair 0.0022, bf16's rounding of an output near 0.5)."""
+    then off by up to 0.0069, in both cases; with the pair 0.0022, bf16's rounding of an output
+    near 0.5)."""
     L, D = 128, 64
-    q, k = torch.zeros(1, 1, L, D, dtype=torch.bfloat16), torch.zeros(1, 1, L, D, dtype=torch.bfloat16)
+    qk = torch.float32 if autocast else torch.bfloat16
+    q, k = torch.zeros(1, 1, L, D, dtype=qk), torch.zeros(1, 1, L, D, dtype=qk)
     v = torch.ones(1, 1, L, D, dtype=torch.bfloat16)
     sinks = torch.tensor([34.625 * D ** -0.5])
-    ours = attention._attend(q, k, v, None, attention.Extras(sinks=sinks))[0, 0, :, 0].double()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ours = attention._attend(q, k, v, None, attention.Extras(sinks=sinks))[0, 0, :, 0].double()
     n = torch.arange(1, L + 1, dtype=torch.float64)
     want = n / (n + torch.exp(sinks.double()))
     torch.testing.assert_close(ours, want, rtol=0, atol=3e-3)
