@@ -180,6 +180,11 @@ def test_startup_line_names_kernels_and_features():
         torch.device("cuda"), torch.bfloat16)
     expect = "varlen" if attention._varlen() is not None and attention._varlen_has_window() else "sdpa"
     assert cuda == {expect: 2}
+    sinks = build_value_model(ModelConfig(config=FAMILIES["gpt_oss"])).attention_plan
+    assert sinks.kernels(torch.device("cuda"), torch.bfloat16) == {"sdpa": 2}  # varlen has no sinks
+    line = sinks.describe(torch.device("cuda"), torch.bfloat16)
+    assert "attention sinks on 2/2 layers" in line and "varlen has no sinks" in line
+    assert "eager formula" not in sinks.describe(torch.device("cpu"), torch.float32)
 
 
 def test_kernel_is_chosen_by_the_autocast_dtype(monkeypatch):
