@@ -18,7 +18,6 @@ short undo (docs/LOG.md): SmolLM2-135M 37%, the tiny model 35 / 34% at its best 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -44,9 +43,7 @@ def run_env(work: Path, model: Path, env: str, steps: int, rows: int, fresh_rows
     from critic_pretrain.checkpoint import best_steps
     from critic_pretrain.config_io import load_config
 
-    data = R.archive(work, env, rows, 0, name=f"{env}-{rows}-0" if rows != R.TRAIN_ROWS else None)
-    fresh = R.archive(work, env, fresh_rows, R.HELDOUT_SEED,
-                      name=f"{env}-{fresh_rows}-{R.HELDOUT_SEED}" if fresh_rows != R.HELDOUT_ROWS else None)
+    data, fresh = R.train_and_fresh(work, env, rows, fresh_rows)
     t0 = time.perf_counter()
     last, _ = R.train_run(work / "runs" / f"backbone-{model.name}-{env}-{rows}-{steps}", data, steps,
                           overrides(model, env, steps), config=CONFIG)
@@ -71,13 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="append one JSON line per environment here")
     args = p.parse_args(argv)
     for env in args.envs:
-        res = run_env(args.work, args.model.resolve(), env, args.steps, args.rows, args.fresh_rows)
-        line = json.dumps(res)
-        print(line, flush=True)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            with args.json.open("a") as f:
-                f.write(line + "\n")
+        R.emit(run_env(args.work, args.model.resolve(), env, args.steps, args.rows, args.fresh_rows), args.json)
     return 0
 
 

@@ -20,7 +20,6 @@ rest for this model; the model is what falls short (session eighteen, docs/LOG.m
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -49,9 +48,7 @@ def with_exact_values(src: Path, dst: Path) -> Path:
 
 def run_env(work: Path, env: str, seed: int, lam: float, steps: int, rows: int, fresh_rows: int,
             extra: list[str]) -> dict:
-    data = R.archive(work, env, rows, 0, name=f"{env}-{rows}-0" if rows != R.TRAIN_ROWS else None)
-    fresh = R.archive(work, env, fresh_rows, R.HELDOUT_SEED,
-                      name=f"{env}-{fresh_rows}-{R.HELDOUT_SEED}" if fresh_rows != R.HELDOUT_ROWS else None)
+    data, fresh = R.train_and_fresh(work, env, rows, fresh_rows)
     # the eval reads the run's targets, so the fresh rows carry the column too (the score does not use it)
     data, fresh = (with_exact_values(d, work / "data" / f"{d.name}-exact") for d in (data, fresh))
     name = "-".join(["exact", f"lam{lam:g}", f"seed{seed}", env, str(rows), str(steps), *extra]).replace("/", "_")
@@ -77,13 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     for env in args.envs:
         for seed in args.seeds:
-            line = json.dumps(run_env(args.work, env, seed, args.lam, args.steps, args.rows, args.fresh_rows,
-                                      args.set))
-            print(line, flush=True)
-            if args.json:
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                with args.json.open("a") as f:
-                    f.write(line + "\n")
+            R.emit(run_env(args.work, env, seed, args.lam, args.steps, args.rows, args.fresh_rows, args.set), args.json)
     return 0
 
 

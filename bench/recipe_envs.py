@@ -225,6 +225,25 @@ def archive(work: Path, env: str, rows: int, seed: int, name: str | None = None,
     return out
 
 
+def train_and_fresh(work: Path, env: str, rows: int = TRAIN_ROWS, fresh_rows: int = HELDOUT_ROWS) -> tuple[Path, Path]:
+    """``env``'s training archive (seed 0) and fresh rows (``HELDOUT_SEED``), named for their row
+    counts when those are not the defaults (so a run with other counts never reuses them)."""
+    return (archive(work, env, rows, 0, name=f"{env}-{rows}-0" if rows != TRAIN_ROWS else None),
+            archive(work, env, fresh_rows, HELDOUT_SEED,
+                    name=f"{env}-{fresh_rows}-{HELDOUT_SEED}" if fresh_rows != HELDOUT_ROWS else None))
+
+
+def emit(row: dict, json_path: Path | None) -> None:
+    """Print ``row`` as one JSON line, and append it to ``json_path`` when given (the device
+    scripts' and diagnostics' output)."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        with json_path.open("a") as f:
+            f.write(line + "\n")
+
+
 def env_overrides(env: str) -> list[str]:
     """What an environment needs from every recipe: long rows must fit one micro-batch."""
     return ["data.max_tokens=8192"] if env.startswith("long") else []

@@ -169,9 +169,9 @@ def _attend(q, k, v, scaling, x: Extras) -> torch.Tensor:
     q [B, Hq, L, D], k/v [B, Hkv, L, D] -> [B, Hq, L, D]."""
     L = q.shape[2]
     gqa = k.shape[1] != q.shape[1]
-    if x.softcap is None and x.sinks is not None:
-        return _sdpa_with_sinks(q, k, v, scaling, x)
     if x.softcap is None:
+        if x.sinks is not None:
+            return _sdpa_with_sinks(q, k, v, scaling, x)
         if x.window is None or L <= x.window:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=x.dropout,
                                                   enable_gqa=gqa)
