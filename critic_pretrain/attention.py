@@ -186,9 +186,10 @@ def _attend(q, k, v, scaling, x: Extras) -> torch.Tensor:
     if x.softcap is not None:
         logits = torch.tanh(logits / x.softcap) * x.softcap
     allowed = _band(L, x.window, q.device) if x.window is not None else _band(L, L, q.device)
-    logits = logits.masked_fill(~allowed, float("-inf")).float()
+    acc = torch.promote_types(logits.dtype, torch.float32)  # softmax in fp32 at least, as transformers' eager
+    logits = logits.masked_fill(~allowed, float("-inf")).to(acc)
     if x.sinks is not None:  # one more logit per head in each softmax; its probability is dropped
-        sink = x.sinks.float().reshape(1, -1, 1, 1).expand(logits.shape[0], -1, L, 1)
+        sink = x.sinks.to(acc).reshape(1, -1, 1, 1).expand(logits.shape[0], -1, L, 1)
         probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(logits, dim=-1)

@@ -324,3 +324,23 @@ def test_sinks_through_sdpa_keep_the_sink_logit_in_bfloat16(autocast):
     n = torch.arange(1, L + 1, dtype=torch.float64)
     want = n / (n + torch.exp(sinks.double()))
     torch.testing.assert_close(ours, want, rtol=0, atol=3e-3)
+
+
+def test_softcap_with_sinks_reduces_to_each_path_alone():
+    """The eager formula's sink branch runs only for a model with both softcap and sinks (no
+    transformers family has both today): against the two paths that have each alone. A softcap far
+    above every logit must give SDPA's sink path (c * tanh(x / c) = x to 1e-12 here); a sink far
+    below every logit must give the softcap-only formula (its probability e^-1000 is 0), in float64."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 23, 16, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 23, 16, dtype=torch.float64) for _ in range(2))
+    sinks = torch.randn(4, dtype=torch.float64) * 2
+    for window in (None, 8):
+        both = attention._attend(q, k, v, None, attention.Extras(window=window, softcap=1e6, sinks=sinks))
+        sinks_alone = attention._attend(q, k, v, None, attention.Extras(window=window, sinks=sinks))
+        torch.testing.assert_close(both, sinks_alone, rtol=1e-9, atol=1e-9)
+        buried = torch.full_like(sinks, -1000.0)
+        both = attention._attend(q, k, v, None, attention.Extras(window=window, softcap=5.0, sinks=buried))
+        softcap_alone = attention._attend(q, k, v, None, attention.Extras(window=window, softcap=5.0))
+        torch.testing.assert_close(both, softcap_alone, rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(both, sinks_alone, atol=1e-3)  # softcap 5 changes these logits
