@@ -12,6 +12,11 @@ VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS     ?= test
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (logical: one per CPU thread; 0: one process). --dist loadfile keeps a
+# file's tests in one worker, so module fixtures (test_install's bare venv) are built once; each worker
+# runs one torch thread per core it gets (tests/conftest.py). On 2 cores: 7.2 minutes, against 12.6 in
+# one process (docs/LOG.md, session twenty).
+TEST_WORKERS ?= logical
 # 1: the report's values page must be checked in a headless browser (the test fails without one);
 # 0: that test is skipped where chromium is absent (`make REQUIRE_BROWSER=0 test`).
 REQUIRE_BROWSER ?= 1
@@ -40,7 +45,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/ruff check critic_pretrain rollouts tests bench examples docs
-	TORCH_SPEC="$(TORCH_SPEC)" CRITIC_PRETRAIN_REQUIRE_BROWSER=$(REQUIRE_BROWSER) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	TORCH_SPEC="$(TORCH_SPEC)" CRITIC_PRETRAIN_REQUIRE_BROWSER=$(REQUIRE_BROWSER) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Debian's chromium for tests/test_values_page.py (the report's values.html in a headless browser),
 # installed with apt-get when absent: as root, else through `sudo -n` (never a password prompt). A

@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist, size each worker's torch/BLAS thread pool to its share of the CPUs.
+
+    Left alone, every worker (and every CLI or accelerate subprocess it starts, which inherit the
+    variable) runs one thread per CPU, so 2 workers on 2 cores spin 4 threads: the suite took 11
+    minutes, against 7 with one thread each and 12.6 in one process (docs/LOG.md, session twenty).
+    Set before numpy and torch are imported, which read it once. A value the caller set wins.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers > 1:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpus // workers)))
+
+
+_share_the_cores()
+
+import numpy as np  # noqa: E402  (after the thread count)
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -60,6 +78,14 @@ def tiny_overrides(out: Path, data: Path, **extra) -> list[str]:
     }
     base.update({k: (str(v) if not isinstance(v, bool) else str(v).lower()) for k, v in extra.items()})
     return [f"{k}={v}" for k, v in base.items()]
+
+
+def free_port() -> int:
+    """A TCP port no one listens on now, for a launcher's rendezvous: fixed ports collide when
+    two suites (or two pytest-xdist workers) launch 2-rank runs at the same time."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def train_main(argv: list[str]) -> int:

@@ -29,7 +29,8 @@ from conftest import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 OWN = {"critic_pretrain", "rollouts"}
-OPTIONAL = ("wandb", "mlflow", "nbclient", "nbformat", "ipykernel", "pytest", "trl", "hypothesis", "comet-ml")
+OPTIONAL = ("wandb", "mlflow", "nbclient", "nbformat", "ipykernel", "pytest", "pytest-xdist", "trl", "hypothesis",
+            "comet-ml")
 """Distributions the bare install must not have: the extras and the test tools."""
 
 

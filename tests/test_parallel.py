@@ -11,24 +11,21 @@ import signal
 import subprocess
 import sys
 import time
-from itertools import count
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_overrides, train_main
+from conftest import ROOT, free_port, tiny_overrides, train_main
 from safetensors.torch import load_file
 
 from critic_pretrain import checkpoint as ckpt
-
-PORTS = count(29610)
 
 
 def launch(kind: str, out: Path, data: Path, env: dict | None = None, background: bool = False, **extra):
     """2 CPU ranks: `fsdp2` (the shipped FSDP2 config) or `ddp`."""
     how = ["--config_file", str(ROOT / "configs" / "accelerate" / "fsdp2.yaml")] if kind == "fsdp2" else ["--multi_gpu"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", *how, "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(next(PORTS)),
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            str(ROOT / "critic_pretrain" / "train.py"), *tiny_overrides(out, data, **extra)]
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", **(env or {})}
     if background:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_overrides, train_main
+from conftest import ROOT, free_port, tiny_overrides, train_main
 from safetensors.torch import load_file
 
 from critic_pretrain import checkpoint as ckpt
@@ -237,8 +237,8 @@ def test_two_process_cpu_run_matches_grad_accum(toy_data, tmp_path):
     # accelerate's `--cpu` with several processes needs MPI; torchrun-style workers on CPU need
     # ACCELERATE_USE_CPU=1 with --multi_gpu (gloo backend). docs/distributed.md says the same.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
-           str(ROOT / "critic_pretrain" / "train.py"),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(ROOT / "critic_pretrain" / "train.py"),
            *tiny_overrides(out2, toy_data, **{"train.max_steps": 6, "data.val_fraction": 0.05})]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={**os.environ, "ACCELERATE_USE_CPU": "1"})
