@@ -40,6 +40,9 @@ COMMANDS = {
 
 def _run_module(name: str, argv: list[str]) -> int:
     if name is None:  # demo
+        if "-h" in argv or "--help" in argv:  # else train's help would answer, under its own name
+            print("critic-pretrain demo [key=value ...] runs `critic-pretrain train --config demo [key=value ...]`:\n"
+                  "the bundled configs/demo.yaml, with the same dotted overrides. train's options follow.\n")
         name, argv = "critic_pretrain.commands.train", ["--config", "demo", *argv]  # the bundled configs/demo.yaml
     return importlib.import_module(name).main(argv)
 

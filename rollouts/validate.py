@@ -161,7 +161,8 @@ def _check_tokens(flags: _Flags, ids: pa.Array, n: int, vocab_size: int | None) 
     if vocab_size is not None:
         flags.add(_row_any((tok >= vocab_size) & (tok <= INT32_MAX), parents, n), "input_ids",
                   f"token id >= the model's vocab_size {vocab_size}",
-                  "the rollouts were tokenized for another model: use that model (or its tokenizer's rollouts)",
+                  "the rollouts were tokenized for a model with a larger vocabulary: train that model, or "
+                  "re-tokenize the rollouts for this one",
                   "token_out_of_vocab")
     return lengths
 

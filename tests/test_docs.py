@@ -61,3 +61,22 @@ def test_generated_blocks_are_rendered_from_the_recorded_numbers(name):
         pytest.fail(f"{script.NUMBERS.name} missing: run python bench/{name}.py")
     assert block == script.render(json.loads(script.NUMBERS.read_text())), \
         f"{script.DOC.name}'s {name} block is stale: run python bench/{name}.py"
+
+
+def test_readme_paste_block_is_what_the_demo_prints():
+    """The README's NeMo-RL lines are what `config_lines` prints for configs/demo.yaml's targets
+    (a recipe change once left them at the old lambda, 0.8, while the demo printed 0.98)."""
+    import dataclasses
+
+    from critic_pretrain.config_io import load_config
+    from critic_pretrain.interop.frameworks import config_lines
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```yaml\nppo:\n  warm_start_value_checkpoint:") + len("```yaml\n")
+    readme = text[start:text.index("```", start)].rstrip("\n").splitlines()
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    where = Path("/abs/path/runs/demo") / f"step_{cfg.train.max_steps}"
+    lines = config_lines("nemo-rl", where, {"targets": dataclasses.asdict(cfg.targets)})
+    printed = lines[1:lines.index("value:")]  # from `ppo:` to the reward scaling, as the README shows
+    printed[1] = f"  warm_start_value_checkpoint: {where}"  # resolve() would prefix this machine's path
+    assert readme == printed, "README.md's NeMo-RL block is stale: paste what `make demo` prints"

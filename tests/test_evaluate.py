@@ -265,8 +265,8 @@ def test_eval_max_length_scores_rollouts_cut_there(run_dir, toy_data, tmp_path):
         assert ev["metrics"]["eval/valid_tokens"] == sum(sum(m[:n]) for m in rows)
 
 
-@pytest.mark.parametrize("case", ["missing", "missing_step", "file", "not_checkpoint", "bad_rollouts", "bad_flag",
-                                  "bad_device"])
+@pytest.mark.parametrize("case", ["missing", "missing_step", "file", "not_checkpoint", "run_folder",
+                                  "incomplete_run", "bad_rollouts", "bad_flag", "bad_device"])
 def test_eval_cli_errors_are_one_line(run_dir, tmp_path, capsys, case):
     step = run_dir / "step_8"
     (tmp_path / "f.txt").write_text("x")
@@ -274,6 +274,7 @@ def test_eval_cli_errors_are_one_line(run_dir, tmp_path, capsys, case):
     argv = {"missing": [str(tmp_path / "nope")], "missing_step": [str(run_dir / "step_999")],
             "file": [str(tmp_path / "f.txt")],
             "not_checkpoint": [str(tmp_path / "step_3")],
+            "run_folder": [str(run_dir)], "incomplete_run": [str(tmp_path)],
             "bad_rollouts": [str(step), "--rollouts", str(tmp_path / "none.parquet")],
             "bad_flag": [str(step), "--max-tokens", "0"], "bad_device": [str(step), "--device", "gpu0"]}[case]
     assert cli.main(["eval", *argv]) == 2
@@ -282,5 +283,9 @@ def test_eval_cli_errors_are_one_line(run_dir, tmp_path, capsys, case):
     saved = ", ".join(sorted((d.name for d in run_dir.glob("step_*")), key=lambda n: int(n[5:])))
     assert {"missing": "no such checkpoint folder", "missing_step": f"has no 'step_999'; its checkpoints: {saved})",
             "file": "not a folder",
-            "not_checkpoint": "not a complete critic-pretrain checkpoint", "bad_rollouts": "no such file",
+            "not_checkpoint": "not a complete critic-pretrain checkpoint",
+            "run_folder": f"is a run folder, not a checkpoint; pass one of its step_<n> folders, e.g. the newest "
+                          f"complete one: {step}",
+            "incomplete_run": "is a run folder whose step_<n> folders are all incomplete (step_3)",
+            "bad_rollouts": "no such file",
             "bad_flag": "--max-tokens 0 must be > 0", "bad_device": "not a torch device"}[case] in err

@@ -39,6 +39,25 @@ def test_no_policy_token_after_truncation_stops_before_step_1(toy_data, tmp_path
     assert not list(out.glob("step_*"))
 
 
+@pytest.mark.parametrize("extra, lever", [
+    ({"train.grad_accum": 8}, "lower data.max_tokens or train.grad_accum"),
+    ({"train.rollouts_per_step": 40}, "lower train.rollouts_per_step (now 40, which set train.grad_accum="),
+])
+def test_too_few_rollouts_for_one_step_name_the_lever_that_works(tmp_path, capsys, extra, lever):
+    """With rollouts_per_step set, grad_accum and max_tokens are not what sizes the step: the
+    line names rollouts_per_step (it once said "lower data.max_tokens or train.grad_accum", and
+    neither helped)."""
+    from rollouts import write_rows
+    write_rows(tmp_path / "data", toy_rows(12, seed=5))
+    out = tmp_path / "run"
+    over = tiny_overrides(out, tmp_path / "data", **{"data.val_fraction": 0, "train.max_steps": 2, **extra})
+    assert train_main(over) == 2
+    line = one_error(capsys)
+    assert "not enough training data for one optimizer step: 12 training rollouts do not fill" in line
+    assert lever in line and line.endswith("or add rollouts")
+    assert not list(out.glob("step_*"))
+
+
 def data_line(capfd) -> str:
     """The start-up ``data:`` line (logging goes to stderr)."""
     return next(line.split(" INFO ", 1)[1] for line in capfd.readouterr().err.splitlines() if " INFO data: " in line)

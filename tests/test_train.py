@@ -618,3 +618,15 @@ def test_length_warmup_start_up_counts_the_rollouts_its_first_cut_empties(toy_da
     empty, rows = map(int, re.search(r"; (\d+) of (\d+) training rollouts have no policy token in the first 6 ",
                                      capsys.readouterr().err).groups())
     assert (empty, rows) == (sum(sum(m[:6]) == 0 for m in masks), len(masks)) and 0 < empty < rows
+
+
+def test_demo_help_says_it_is_train_on_the_bundled_config(capsys):
+    """`critic-pretrain demo --help` answered with train's usage alone, as if the user had typed train."""
+    from critic_pretrain import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["demo", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("critic-pretrain demo [key=value ...] runs `critic-pretrain train --config demo")
+    assert "usage: critic-pretrain train" in out and "--help-config" in out

@@ -288,6 +288,20 @@ def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path
     return None
 
 
+def run_folder_problem(p: Path) -> str | None:
+    """For a folder given where a checkpoint is expected: when it is a run folder (it holds
+    ``step_<n>`` folders), what to pass instead (its newest complete step); else None."""
+    steps = sorted((d for d in p.iterdir() if d.is_dir() and step_number(d) is not None), key=step_number)
+    if not steps:
+        return None
+    found = find_checkpoints(p, quiet=True)  # the message names what it found
+    if found:
+        return f"is a run folder, not a checkpoint; pass one of its step_<n> folders, e.g. the newest " \
+               f"complete one: {found[max(found)]}"
+    return f"is a run folder whose step_<n> folders are all incomplete ({', '.join(d.name for d in steps[-3:])}); " \
+           "let the run save a checkpoint first"
+
+
 def missing_path_hint(p: Path) -> str:
     """For a checkpoint path that does not exist: a missing ``step_<n>`` in a run folder gets the
     steps it has; another misspelt component gets 'did you mean X?'; else which ancestor exists

@@ -92,6 +92,9 @@ def checked_step_dir(path: str) -> Path:
                         "of a critic-pretrain run")
     if not step_dir.is_dir():
         raise UserError(f"{path}: not a folder; pass a step_<n> folder of a critic-pretrain run")
+    run_folder = ckpt.run_folder_problem(step_dir)
+    if run_folder:
+        raise UserError(f"{path}: {run_folder}")
     problem = ckpt.verify(step_dir, content=True)
     if problem:
         raise UserError(f"{path}: not a complete critic-pretrain checkpoint ({problem}); "

@@ -251,15 +251,9 @@ def _resolve(report: SeedReport, raw: str | Path | None) -> Path | None:
     if (p / "config.json").is_file() and any(p.glob("*.safetensors")):
         report.kind = "hf"
         return p
-    steps = sorted((d for d in p.iterdir() if d.is_dir() and ckpt.step_number(d) is not None), key=ckpt.step_number)
-    if steps:
-        newest = _newest_step(p)
-        if newest:
-            report.fail("path", f"{p} is a run folder, not a checkpoint; pass one of its step_<n> folders, "
-                                f"e.g. the newest complete one: {newest}")
-        else:
-            report.fail("path", f"{p} is a run folder whose step_<n> folders are all incomplete "
-                                f"({', '.join(d.name for d in steps[-3:])}); let the run save a checkpoint first")
+    run_folder = ckpt.run_folder_problem(p)
+    if run_folder:
+        report.fail("path", f"{p} {run_folder}")
         return None
     report.fail("path", f"{p} has no value/weights: it is not a critic seed; pass a step_<n> folder written by "
                         "critic-pretrain train or critic-pretrain export --format nemo-rl")
