@@ -373,3 +373,36 @@ def test_end_of_run_flags_a_critic_on_the_prompt_only_plateau(tmp_path):
                                rows=400).line()
     assert "Note: its values rank a prompt's better and worse responses near chance" in judged(0.55)
     assert "Note:" not in judged(0.8)
+
+
+def test_a_verdict_over_few_prompts_says_its_intervals_are_optimistic(tmp_path):
+    """Over 2 prompts a percentile bootstrap has 3 distinct resamples and a bound can equal the
+    estimate (a new user saw "helps (EV 0.059 [0.059, 0.313])"): the call stands, its line says
+    the interval is optimistic, below FEW_PROMPTS prompts and not at it; so do the end-of-run lines."""
+    from critic_pretrain.checkpoint import MANIFEST
+    from critic_pretrain.commands.train import verdict_lines
+
+    rng = np.random.default_rng(1)
+    for groups, noted in ((2, True), (verdict.FEW_PROMPTS - 1, True), (verdict.FEW_PROMPTS, False)):
+        rows = rng.random((4 * groups, verdict.N_FIELDS)) + 1
+        rows[:, verdict.MEASURED] = 1
+        v = verdict.judge(rows, np.repeat(np.arange(groups), 4), rng.random(4 * groups), rng.random(4 * groups),
+                          grouped=True)
+        assert v.call != "unknown" and v.groups == groups and v.metrics("val")["val/prompts"] == groups
+        assert (f"Note: only {groups} prompts: a bootstrap over fewer than {verdict.FEW_PROMPTS} understates"
+                in v.line()) is noted, v.line()
+
+    def lines(prompts: int) -> list[str]:
+        d = tmp_path / f"step_{prompts}"
+        d.mkdir()
+        info = {"val:verdict": 1.0, "val:ev_vs_group_mean": 0.06, "val:ev_vs_group_mean_lo": 0.06,
+                "val:ev_vs_group_mean_hi": 0.31, "val:prompts": float(prompts)}
+        (d / "training_info.json").write_text(json.dumps(info))
+        size = (d / "training_info.json").stat().st_size
+        (d / MANIFEST).write_text(json.dumps({"files": {"training_info.json": size}}))
+        return verdict_lines(d)
+
+    few, many = lines(2), lines(40)
+    assert len(few) == 2 and "only 2 prompts" in few[1]
+    assert few[1].endswith("evaluate on more prompts before relying on the call")
+    assert len(many) == 1

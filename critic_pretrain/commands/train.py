@@ -89,7 +89,7 @@ def verdict_lines(step_dir) -> list[str]:
     says whether it helps): from the step's training info, no model run."""
     from ..checkpoint import Manifest, StepPaths
     from ..data import REGIMES
-    from ..eval.verdict import CALLS, plateau_note
+    from ..eval.verdict import CALLS, few_prompts_note, plateau_note
     info = StepPaths(step_dir).read_training_info() or {}
     split = getattr(Manifest.read(step_dir), "val_split", None) or "prompt"
     calls = {v: k for k, v in CALLS.items()}
@@ -102,6 +102,10 @@ def verdict_lines(step_dir) -> list[str]:
             out.append(f"verdict at the last evaluation on {regime} ({prefix}/): {calls[code]} (EV over the group "
                        f"mean {ev[0]:.3f} [{ev[1]:.3f}, {ev[2]:.3f}]); `critic-pretrain eval {step_dir}` gives every "
                        "number")
+            prompts = info.get(f"{prefix}:prompts")
+            few = few_prompts_note(int(prompts)) if isinstance(prompts, (int, float)) else None
+            if few:
+                out.append(f"{regime} ({prefix}/): {few}")
             note = plateau_note(info.get(f"{prefix}:sibling_auc_q4"), info.get(f"{prefix}:sibling_pairs"))
             if note:
                 out.append(f"prompt-only plateau on {regime} ({prefix}/)? {note}. Judge it on rollouts it never "

@@ -72,6 +72,21 @@ PLATEAU_PAIRS = 100
 """Sibling pairs below which ``plateau_note`` says nothing: too few to tell chance from a weak critic."""
 
 
+FEW_PROMPTS = 10
+"""Below this many prompts the line says its intervals are too narrow: a percentile bootstrap over
+few clusters understates their spread (over 2 prompts there are 3 distinct resamples, and a bound
+can equal the estimate). The call stands, with the note: on the real SmolLM2 sample 6 new prompts
+gave **helps** and the audit against the policy's own Monte-Carlo values agreed (bench/verdict_proof.json)."""
+
+
+def few_prompts_note(groups: int) -> str | None:
+    """One line for a verdict over fewer than ``FEW_PROMPTS`` prompts, else None."""
+    if groups >= FEW_PROMPTS:
+        return None
+    return (f"only {groups} prompts: a bootstrap over fewer than {FEW_PROMPTS} understates the uncertainty, so read "
+            "the interval as optimistic and evaluate on more prompts before relying on the call")
+
+
 def plateau_note(auc_q4: float | None, pairs: float | None) -> str | None:
     """One line for a critic on the prompt-only plateau (``PLATEAU_AUC``), else None. A hint next to
     the verdict, not a verdict: on 200 validation rows such a critic can still be called **helps**
@@ -202,10 +217,10 @@ class Verdict:
             parts.append(f"sibling AUC q4 {auc.text('.2f')}")
         if self.terminal_auc is not None:
             parts.append(f"terminal AUC {self.terminal_auc.text('.2f')}")
-        note = plateau_note(auc.est, self.sibling_pairs)
+        notes = [n for n in (few_prompts_note(self.groups), plateau_note(auc.est, self.sibling_pairs)) if n]
         return (f"{self.regime or 'held-out rollouts'}: **{self.call}** ({'; '.join(parts)}; {self.rows} rollouts of "
                 f"{self.groups} prompts, {int(LEVEL * 100)}% bootstrap intervals over prompts): {self.fix}"
-                + (f". Note: {note}" if note else ""))
+                + "".join(f". Note: {n}" for n in notes))
 
     def metrics(self, prefix: str) -> dict[str, float]:
         out = {f"{prefix}/verdict": CALLS.get(self.call, math.nan)}
@@ -215,6 +230,7 @@ class Verdict:
         for q, iv in enumerate(self.sibling_auc, 1):
             out[f"{prefix}/sibling_auc_q{q}"] = iv.est
         out[f"{prefix}/sibling_pairs"] = float(self.sibling_pairs)
+        out[f"{prefix}/prompts"] = float(self.groups)
         if self.terminal_auc is not None:
             out[f"{prefix}/terminal_auc"] = self.terminal_auc.est
         return out
