@@ -95,6 +95,20 @@ def check_validation_needs(cfg: Config, val_rows: int) -> None:
                  "checkpoints carry no val: metrics", cfg.eval.every)
 
 
+def check_one_step(first_epoch: list, cfg: Config, train_rows: int, world: int) -> None:
+    """The first pass must fill one optimizer step (``plan_epoch``'s steps; ``cfg.train.grad_accum``
+    already resolved). With ``train.rollouts_per_step`` set, grad_accum follows from it, so it is
+    the lever to name (not max_tokens or grad_accum, which it overrides)."""
+    if first_epoch:
+        return
+    rps = cfg.train.rollouts_per_step
+    lever = (f"lower train.rollouts_per_step (now {rps}, which set train.grad_accum={cfg.train.grad_accum})"
+             if rps else "lower data.max_tokens or train.grad_accum")
+    raise UserError(f"not enough training data for one optimizer step: {train_rows} training rollouts do not fill "
+                    f"{world * cfg.train.grad_accum} micro-batches of {cfg.data.max_tokens} tokens"
+                    f"{f' over {world} processes' if world > 1 else ''}; {lever}, or add rollouts")
+
+
 def check_metric_names(cfg: Config, logged: set[str]) -> None:
     """``train.stop_when.metric`` and (with ``keep_best``) ``checkpoint.best_metric`` must name a
     metric this run logs (``logged``: its ``val/...`` keys): ``val/los`` would never stop."""

@@ -238,14 +238,7 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
         if accelerator.is_main_process:
             write_config(cfg, Path(cfg.output_dir))
     first = plan_epoch(*data.epoch(cfg.seed, 0), seed=cfg.seed, epoch=0, data=cfg.data, layout=layout)
-    if not first:
-        # rollouts_per_step sets grad_accum from the rollouts a step takes, so only it (not max_tokens) is the lever
-        rps = cfg.train.rollouts_per_step
-        lever = (f"lower train.rollouts_per_step (now {rps}, which set train.grad_accum={cfg.train.grad_accum})"
-                 if rps else "lower data.max_tokens or train.grad_accum")
-        raise UserError(f"not enough training data for one optimizer step: {len(data.train_idx)} training rollouts "
-                        f"do not fill {layout.per_step} micro-batches of {cfg.data.max_tokens} tokens"
-                        f"{f' over {layout.world} processes' if layout.world > 1 else ''}; {lever}, or add rollouts")
+    preflight.check_one_step(first, cfg, len(data.train_idx), layout.world)
     log_schedule(first, layout, cfg.train.max_steps, cfg.data, data)
     return data, tokenizer, tokenizer_fp, rewards_logged, layout
 
