@@ -23,6 +23,10 @@ ROLLOUTS_MANIFEST = "_rollouts.json"
 """Written next to converted shards: what produced them (the leading underscore makes parquet
 dataset readers skip it)."""
 
+SYNTH_MANIFEST = "_synth.json"
+"""Written next to ``rollouts synth``'s shards (rollouts.synth.archive): its rewards are the
+environment's own, so the archive states raw rewards without a ``_rollouts.json``."""
+
 NEMO_RL_SOURCE_RANGE = (0.0, 1.0)
 """NeMo-RL's default ``reward_scaling.source_min`` / ``source_max``."""
 
@@ -162,6 +166,11 @@ def read_manifest(folder: str | Path) -> dict:
 
 
 def rewards_logged(folder: str | Path) -> RewardsLogged | None:
-    """What the archive in ``folder`` says of its rewards; None when it does not say."""
+    """What the archive in ``folder`` says of its rewards; None when it does not say. A synthetic
+    archive (``SYNTH_MANIFEST``) says raw: its generator wrote the environment's rewards."""
     d = read_manifest(folder).get("rewards")
-    return RewardsLogged.from_dict(d) if isinstance(d, dict) else None
+    if isinstance(d, dict):
+        return RewardsLogged.from_dict(d)
+    if (Path(folder) / SYNTH_MANIFEST).is_file():
+        return RewardsLogged(stated_by=f"rollouts synth ({SYNTH_MANIFEST})")
+    return None

@@ -70,13 +70,17 @@ def test_readme_paste_block_is_what_the_demo_prints():
 
     from critic_pretrain.config_io import load_config
     from critic_pretrain.interop.frameworks import config_lines
+    from rollouts.paths import archive_folder
+    from rollouts.provenance import rewards_logged
 
     text = (ROOT / "README.md").read_text()
     start = text.index("```yaml\nppo:\n  warm_start_value_checkpoint:") + len("```yaml\n")
     readme = text[start:text.index("```", start)].rstrip("\n").splitlines()
     cfg = load_config(ROOT / "configs" / "demo.yaml")
     where = Path("/abs/path/runs/demo") / f"step_{cfg.train.max_steps}"
-    lines = config_lines("nemo-rl", where, {"targets": dataclasses.asdict(cfg.targets)})
+    logged = rewards_logged(archive_folder(cfg.data.train[0]))  # the sample is synthetic: it states raw rewards
+    lines = config_lines("nemo-rl", where, {"targets": dataclasses.asdict(cfg.targets),
+                                            "rewards": {"logged": logged.to_dict()}})
     printed = lines[1:lines.index("value:")]  # from `ppo:` to the reward scaling, as the README shows
     printed[1] = f"  warm_start_value_checkpoint: {where}"  # resolve() would prefix this machine's path
     assert readme == printed, "README.md's NeMo-RL block is stale: paste what `make demo` prints"

@@ -85,6 +85,13 @@ def test_nemo_rl_dump_at_both_scales_from_convert_to_seed_check(tmp_path, capsys
     (line,) = problems(report)
     assert "almost certainly scaled already" in line and "rollouts convert --ppo-config" in line
     assert "targets.reward_scale=2" not in line  # the old advice, which scaled them twice
+    # the paste-in does not call them raw: it once said "trained on the raw rewards" here
+    from critic_pretrain.commands.seed import print_report
+    from critic_pretrain.interop.frameworks import RAW_UNSTATED
+    capsys.readouterr()
+    print_report(check_seed(step))
+    out = capsys.readouterr().out
+    assert f"enabled: false        # the critic was trained on {RAW_UNSTATED}" in out and "raw rewards" not in out
 
     # 2. the old advice followed: the critic trains on {-3, 1}; before, this printed OK
     step = train(tmp_path / "unknown", tmp_path / "run_twice", **{"targets.reward_scale": 2,
@@ -107,7 +114,6 @@ def test_nemo_rl_dump_at_both_scales_from_convert_to_seed_check(tmp_path, capsys
     assert report.facts["targets"]["reward_scale"] == 2.0 and report.facts["targets"]["reward_shift"] == -1.0
 
     # the paste-in block: NeMo-RL's reward_scaling as the critic saw it, not "raw rewards"
-    from critic_pretrain.commands.seed import print_report
     capsys.readouterr()
     print_report(check_seed(step))
     out = capsys.readouterr().out
@@ -124,8 +130,12 @@ def test_nemo_rl_dump_at_both_scales_from_convert_to_seed_check(tmp_path, capsys
     raw = dump(tmp_path / "raw_dump", scaled=False)
     convert(raw, tmp_path / "raw", "--rewards-raw")
     assert "outside" not in capsys.readouterr().err
-    (line,) = problems(check_seed(train(tmp_path / "raw", tmp_path / "run_raw"), ppo_config=ppo))
+    step = train(tmp_path / "raw", tmp_path / "run_raw")
+    (line,) = problems(check_seed(step, ppo_config=ppo))
     assert "targets.reward_scale=2 targets.reward_shift=-1" in line
+    capsys.readouterr()
+    print_report(check_seed(step))  # stated raw: the paste-in says so plainly
+    assert "enabled: false        # the critic was trained on the raw rewards\n" in capsys.readouterr().out
     step = train(tmp_path / "raw", tmp_path / "run_raw_scaled", **{"targets.reward_scale": 2,
                                                                     "targets.reward_shift": -1})
     report = check_seed(step, ppo_config=ppo)

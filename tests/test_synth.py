@@ -68,6 +68,12 @@ def test_write_gives_generate_s_rows_in_valid_shards(tmp_path: Path) -> None:
     assert RolloutReader(tmp_path).read_all().equals(synth.generate(100, seed=3, **SMALL))
     manifest = json.loads((tmp_path / synth.MANIFEST).read_text())
     assert manifest["rows"] == 100 and manifest["seed"] == 3 and manifest["params"]["max_length"] == 256
+    from rollouts.provenance import ROLLOUTS_MANIFEST, RewardsLogged, rewards_logged, write_manifest
+    logged = rewards_logged(tmp_path)  # the environment's own rewards: the archive states them raw
+    assert logged.is_raw and logged.stated_by == "rollouts synth (_synth.json)"
+    write_manifest(tmp_path, rewards=RewardsLogged(2.0, -1.0, stated_by="--rewards-scaled").to_dict())
+    assert rewards_logged(tmp_path).scale == 2.0  # a _rollouts.json that says otherwise wins
+    (tmp_path / ROLLOUTS_MANIFEST).unlink()
 
     with pytest.raises(RolloutError, match="already holds"):
         synth.write(tmp_path, 10, seed=3, **SMALL)

@@ -138,15 +138,28 @@ def reward_formula(targets: dict) -> str:
     return text + (f", clipped to [{clip[0]:g}, {clip[1]:g}]" if clip else "")
 
 
-def nemo_rl_reward_scaling(targets: dict | None) -> list[str]:
+RAW_UNSTATED = ("the rollouts' rewards as they are, taken as raw: the archive does not say how they were logged "
+                "(NeMo-RL logs them after reward_scaling; seed check --ppo-config compares)")
+"""What a paste-in says of untransformed rewards whose archive recorded nothing (``data.rewards.logged``
+None): "raw" is then an assumption, not a fact (docs/converters.md, "Rewards: what the dump logged")."""
+
+
+def raw_rewards_phrase(facts: dict) -> str:
+    """"the raw rewards", or ``RAW_UNSTATED`` when the seed's facts say its archive did not record them."""
+    rewards = facts.get("rewards", {"logged": "unknown"})  # facts without the key: an older caller, say "raw"
+    return RAW_UNSTATED if isinstance(rewards, dict) and not rewards.get("logged") else "the raw rewards"
+
+
+def nemo_rl_reward_scaling(targets: dict | None, raw: str = "the raw rewards") -> list[str]:
     """``ppo.reward_scaling`` lines (NeMo-RL RewardScalingConfig: clamp to [source_min,
-    source_max], map linearly to [target_min, target_max]) matching our reward transform."""
+    source_max], map linearly to [target_min, target_max]) matching our reward transform;
+    ``raw``: how an untransformed reward is described (``raw_rewards_phrase``)."""
     if not targets:
         return ["  # reward scale unknown (no critic_pretrain.json): set ppo.reward_scaling to the scale the",
                 "  # critic was trained on"]
     scale, shift, clip = targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")
     if (scale, shift, clip) == (1.0, 0.0, None):
-        return ["  reward_scaling:", "    enabled: false        # the critic was trained on the raw rewards"]
+        return ["  reward_scaling:", f"    enabled: false        # the critic was trained on {raw}"]
     if clip:
         lo, hi = sorted(((clip[0] - shift) / scale, (clip[1] - shift) / scale))
         note = "exact: our transform clips the scaled reward to the same range"
@@ -168,13 +181,14 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
     t = facts.get("targets") or {}
     gamma, lam = t.get("gamma", 1.0), t.get("lam", 1.0)
     loc = str(Path(location).resolve())
+    raw = raw_rewards_phrase(facts)
     if target == "nemo-rl":
         lines = ["# NeMo-RL PPO config: warm-start the critic from this seed",
                  "ppo:", f"  warm_start_value_checkpoint: {loc}",
                  "  policy_training_start_step: 0   # warm-started from this seed: no critic-only steps",
                  "  adv_estimator:", "    name: gae", f"    gae_gamma: {gamma:g}          # as the critic was trained",
                  f"    gae_lambda_value: {lam:g}   # the critic's lambda (decoupled from the actor's gae_lambda)",
-                 *nemo_rl_reward_scaling(facts.get("targets")), "value:"]
+                 *nemo_rl_reward_scaling(facts.get("targets"), raw), "value:"]
         name = facts.get("model_name_or_path")
         arch = facts.get("arch") or {}
         if name:
@@ -196,7 +210,8 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
                 "trainer.critic_warmup: 0          # warm-started from this seed",
                 "algorithm.adv_estimator: gae", f"algorithm.gamma: {gamma:g}",
                 f"algorithm.lam: {_shared_lambda(t)[0]}              # verl: {_shared_lambda(t)[1]}",
-                *_plain_reward_note(t, "verl has no reward-scaling option: make the reward function return it")]
+                *_plain_reward_note(t, "verl has no reward-scaling option: make the reward function return it",
+                                    raw)]
     if target == "openrlhf":
         norm = (facts.get("normalization") or {}).get("mean") is not None
         lines = ["# OpenRLHF PPO (train_ppo_ray): flat CLI (<= 0.8) / nested CLI (newer)",
@@ -209,13 +224,14 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
         if norm:
             lines.append("--normalize_reward                  # newer: --reward.normalize_enable; applies the folded "
                          "head bias (config.json mean/std), see the note above")
-        return lines + _plain_reward_note(t, "OpenRLHF has no linear reward transform: produce rewards on that scale")
+        return lines + _plain_reward_note(t, "OpenRLHF has no linear reward transform: produce rewards on that "
+                                             "scale", raw)
     if target in ("roll", "skyrl"):
-        return _roll_lines(loc, t) if target == "roll" else _skyrl_lines(loc, t)
-    return _trl_lines(loc, t)
+        return _roll_lines(loc, t, raw) if target == "roll" else _skyrl_lines(loc, t, raw)
+    return _trl_lines(loc, t, raw)
 
 
-def _trl_lines(loc: str, t: dict) -> list[str]:
+def _trl_lines(loc: str, t: dict, raw: str) -> list[str]:
     return ["# TRL 1.12 PPO (trl.experimental.ppo)",
             "from transformers import AutoModelForSequenceClassification",
             "from trl.experimental.ppo import PPOConfig, PPOTrainer",
@@ -223,20 +239,20 @@ def _trl_lines(loc: str, t: dict) -> list[str]:
             f"args = PPOConfig(..., gamma={t.get('gamma', 1.0):g}, lam={_shared_lambda(t)[0]})   # gamma as the "
             f"critic was trained; {_shared_lambda(t)[1]}",
             "trainer = PPOTrainer(args=args, ..., value_model=value_model)",
-            *_plain_reward_note(t, "TRL has no reward transform: make the reward model's score that scale")]
+            *_plain_reward_note(t, "TRL has no reward transform: make the reward model's score that scale", raw)]
 
 
-def _roll_lines(loc: str, t: dict) -> list[str]:
+def _roll_lines(loc: str, t: dict, raw: str) -> list[str]:
     return ["# ROLL pipeline config: a trl-type critic loads the backbone + value_head.safetensors",
             "critic:", "  model_args:", f"    model_name_or_path: {loc}", "    model_type: trl",
             "adv_estimator: gae", f"gamma: {t.get('gamma', 1.0):g}",
             f"lambd: {_shared_lambda(t)[0]}              # ROLL: {_shared_lambda(t)[1]}",
             "critic_warmup: 0          # warm-started from this seed",
             *_plain_reward_note(t, "ROLL's reward_clip and norm_mean_type/norm_std_type are not affine maps of the "
-                                   "reward: make the reward function return that scale")]
+                                   "reward: make the reward function return that scale", raw)]
 
 
-def _skyrl_lines(loc: str, t: dict) -> list[str]:
+def _skyrl_lines(loc: str, t: dict, raw: str) -> list[str]:
     return ["# SkyRL (skyrl.train.entrypoints.main_base) overrides",
             f"trainer.critic.model.path={loc}",
             "trainer.algorithm.value_head_prefix=value_head   # the default: the export's head name",
@@ -244,15 +260,16 @@ def _skyrl_lines(loc: str, t: dict) -> list[str]:
             f"trainer.algorithm.lambd={_shared_lambda(t)[0]}   # SkyRL: {_shared_lambda(t)[1]}",
             "# keep trainer.policy.model.path different from the critic's: SkyRL re-initialises the value head "
             "when they are equal",
-            *_plain_reward_note(t, "SkyRL has no reward transform: make the reward function return that scale")]
+            *_plain_reward_note(t, "SkyRL has no reward transform: make the reward function return that scale",
+                                raw)]
 
 
-def _plain_reward_note(targets: dict, how: str) -> list[str]:
+def _plain_reward_note(targets: dict, how: str, raw: str = "the raw rewards") -> list[str]:
     if not targets:
         return ["# reward scale unknown (no critic_pretrain.json): use the scale the critic was trained on"]
     if (targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")) \
             == (1.0, 0.0, None):
-        return ["# the critic was trained on the raw rewards: no reward transform"]
+        return [f"# the critic was trained on {raw}: no reward transform"]
     return [f"# the critic was trained on rewards {reward_formula(targets)}; {how}"]
 
 

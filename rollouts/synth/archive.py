@@ -10,13 +10,15 @@ from pathlib import Path
 
 from ..errors import RolloutError
 from ..fileio import publish_files, write_json
+from ..provenance import SYNTH_MANIFEST
 from ..writer import DEFAULT_SHARD_ROWS, ShardWriter
 from .envs import make_env
 from .oracle import ValueStats
 from .vocab import VOCAB_SIZE
 
-MANIFEST = "_synth.json"
-"""Manifest next to the shards; the leading underscore makes pyarrow / pandas dataset readers skip it."""
+MANIFEST = SYNTH_MANIFEST
+"""Manifest next to the shards; the leading underscore makes pyarrow / pandas dataset readers skip it.
+Its presence also states the rewards raw (``provenance.rewards_logged``)."""
 
 
 def write(out_dir: str | os.PathLike, rows: int, seed: int, shard_rows: int = DEFAULT_SHARD_ROWS, *,
