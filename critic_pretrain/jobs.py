@@ -143,6 +143,8 @@ def _load_job(raw: Any, defaults: dict, where: str, jobs_file: str) -> Job:
         raise UserError(f"{where}: expected a mapping with name and optional config, overrides, launcher; got {raw!r}")
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
+        if "name" not in raw:  # a misspelt `name:` is the likelier cause than a missing one
+            _check_keys(raw, JOB_KEYS, where)
         raise UserError(f"{where}: missing key 'name' (a non-empty string naming the job)")
     where = f"{jobs_file}: job '{name}'"
     _check_keys(raw, JOB_KEYS, where)

@@ -73,7 +73,8 @@ def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
             elif m.is_file() and not m.name.endswith(".tmp"):
                 found.append(m)
         if not found:
-            raise RolloutError(f"{s}: holds no {'/'.join(suffixes)} files; point at rollout shards")
+            what = "rollout shards" if suffixes == PARQUET_SUFFIXES else f"the {'/'.join(suffixes)} files to read"
+            raise RolloutError(f"{s}: holds no {'/'.join(suffixes)} files; point at {what}")
         for f in found:
             key = f.resolve()
             if key not in seen:

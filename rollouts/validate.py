@@ -26,8 +26,9 @@ def check_schema(file: str, sch: pa.Schema) -> list[Problem]:
     for name in S.REQUIRED:
         if name not in names:
             problems.append(Problem(file, None, name, "missing required column",
-                                    f"add '{name}' ({S.expected_kind(name)}), or convert the file "
-                                    "with `critic-pretrain rollouts convert --map`", kind="missing_column"))
+                                    f"add '{name}' ({S.expected_kind(name)}), or convert the file with "
+                                    "`critic-pretrain rollouts convert --from generic --map COLUMN=FIELD`",
+                                    kind="missing_column"))
     if not names & set(S.REWARD_COLUMNS):
         problems.append(Problem(file, None, "reward", "no reward column",
                                 "add 'reward' (outcome, one number per row) and/or 'token_rewards' "

@@ -301,7 +301,8 @@ BAD_CASES = {
     # case: (builder, words the one-line error must hold, problem kind)
     "nemo_rl_length_mismatch": (_nemo_mask_too_short, ["row 1", "token_loss_mask", "input_lengths is 7"],
                                 "length_mismatch"),
-    "nemo_rl_missing_field": (_nemo_missing_field, ["row 1", "no field 'token_ids'"], "missing_field"),
+    "nemo_rl_missing_field": (_nemo_missing_field, ["row 1", "no field 'token_ids'", "other lines of the dump have "
+                                                    "it, so this line is damaged; --on-bad skip"], "missing_field"),
     "nemo_rl_wrong_type": (_nemo_wrong_type, ["row 1", "'rewards' is \"high\"", "expected a number"], "wrong_type"),
     "nemo_rl_not_json": (_nemo_not_json, ["row 1", "not valid JSON"], "bad_json"),
     "generic_missing_field": (_generic_missing_field, ["row 1", "no field 'meta.score'", "--map reward=<field>"],
@@ -330,6 +331,21 @@ def test_bad_input_fails_with_one_line(tmp_path, case):
     for word in words:
         assert word in msg, (word, msg)
     assert not out.exists()  # nothing half-written (or whole-but-partial) is left
+
+
+@pytest.mark.parametrize("field, says", [
+    ("token_ids", "NeMo-RL versions that log only text"),
+    ("token_loss_mask", "this does not look like a NeMo-RL train_data_step dump; use --from generic with --map"),
+])
+def test_a_field_no_line_has_is_a_format_problem_not_a_damaged_line(tmp_path, field, says):
+    """Only a field other lines carry makes a line "damaged" (fix: --on-bad skip); one that no line
+    carries means another format (a new user was told --from generic for one bad line)."""
+    dump = nemo_rl_dump(tmp_path / "in" / "train_data_step1.jsonl",
+                        [Rollout(PROMPT_A, [(3, True)], 1.0) for _ in range(3)])
+    dump.write_text("".join(_edit_json(lambda r: r.pop(field))(line) + "\n" for line in dump.read_text().splitlines()))
+    with pytest.raises(RolloutError) as err:
+        convert_nemo_rl(dump, tmp_path / "out")
+    assert "row 0" in str(err.value) and says in str(err.value) and "damaged" not in str(err.value)
 
 
 @pytest.mark.parametrize("case", BAD_CASES)

@@ -154,6 +154,7 @@ def test_fail_fast_and_clean_exit_without_finishing(toy_data, tmp_path):
     ({"job": []}, "unknown key 'job'; did you mean 'jobs'?"),
     ({"defaults": {"launcher": []}, "jobs": [{"name": "a"}]}, "defaults: launcher must be a non-empty command"),
     ({"jobs": [{"overrides": ["output_dir=x"]}]}, "jobs[0]: missing key 'name'"),
+    ({"jobs": [{"nmae": "a", "overrides": ["output_dir=x"]}]}, "jobs[0]: unknown key 'nmae'; did you mean 'name'?"),
     ({"jobs": [{"name": "a"}]}, "job 'a': no output_dir; set it in the job's config or add output_dir=runs/a"),
     ({"jobs": [{"name": "a", "overrides": ["output_dir=x"]}, {"name": "a", "overrides": ["output_dir=y"]}]},
      "job 'a' appears twice (jobs[0] and jobs[1])"),

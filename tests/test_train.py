@@ -506,7 +506,7 @@ def test_start_up_says_the_schedule_in_passes(toy_data, tmp_path, capsys):
 
     assert train(tmp_path / "run", toy_data, **{"data.max_tokens": 512, "checkpoint.save_every": 0}) == 0
     per_pass, per_step, steps, passes = re.search(
-        r"schedule: a pass over the training rollouts is (\d+) steps of about ([\d.]+) rollouts; "
+        r"schedule: a pass over the training rollouts is (\d+) steps? of about ([\d.]+) rollouts; "
         r"train.max_steps=(\d+) is ([\d.]+) passes", capsys.readouterr().err).groups()
     epochs = {r["step"]: r["train/epoch"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")
               if "train/epoch" in r}

@@ -173,8 +173,9 @@ def log_schedule(plan: list[np.ndarray], layout: Layout, max_steps: int, data: D
     *When the critic learns nothing*). Say it in rollouts and passes before compute is spent, and
     the sequence-length warm-up (``cut_length``) when it cuts anything."""
     steps_per_pass, rows = len(plan) // layout.per_step, sum(len(mb) for mb in plan)
-    log.info("schedule: a pass over the training rollouts is %d steps of about %.1f rollouts; train.max_steps=%d "
-             "is %.1f passes", steps_per_pass, rows / steps_per_pass, max_steps, max_steps / steps_per_pass)
+    log.info("schedule: a pass over the training rollouts is %d step%s of about %.1f rollouts; train.max_steps=%d "
+             "is %.1f passes", steps_per_pass, "" if steps_per_pass == 1 else "s", rows / steps_per_pass, max_steps,
+             max_steps / steps_per_pass)
     if rows / steps_per_pass < FEW_ROLLOUTS_PER_STEP:
         log.warning("steps of about %.1f rollouts: on the synthetic environments steps of ~2 learned nothing where "
                     "steps of 12+ learned (docs/warm.md, *When the critic learns nothing*); set "

@@ -24,7 +24,7 @@ class NemoRLSource:
         self.files, self.ignored = nemo_rl_files(paths)
         self.reward_field = reward_field
         self.fields = {**self.FIELDS, "reward": reward_field}
-        keys = union_keys(self.files)
+        keys = self.keys = union_keys(self.files)
         self.columns = ["input_ids", "loss_mask", "reward", "sample_id", "group_id", "policy_version"]
         self.columns += [c for c in ("sample_weight", "values") if self.fields[c] in keys]
         used = set(self.fields.values()) | {"input_lengths", "idx"}
@@ -67,7 +67,10 @@ class NemoRLSource:
 
     def _get(self, rec: dict, name: str) -> Any:
         if name not in rec:
-            if name == self.reward_field:
+            if name in self.keys:  # other lines have it: this one is damaged, not the dump of another format
+                fix = ("other lines of the dump have it, so this line is damaged; --on-bad skip leaves such rows "
+                       "out (--quarantine FILE lists them)")
+            elif name == self.reward_field:
                 fix = "pass --reward-field <field> naming the reward field"
             elif name == "token_ids":
                 fix = ("NeMo-RL versions that log only text (content, rewards, input_lengths) lack token "
