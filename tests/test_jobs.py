@@ -193,6 +193,15 @@ def test_cli_dry_run_and_only(toy_data, tmp_path):
     assert res.returncode == 2
     assert res.stderr == f"error: --only c: no such job in {jobs_file} (jobs: a, b)\n"
 
+    # a typo in one job's rollouts shows in the dry run, not when that job starts
+    write_jobs(jobs_file, toy_data, [job("a", tmp_path / "a"), job("b", tmp_path / "b", f"data.val=[{tmp_path}/nope]")])
+    res = cli("--dry-run")
+    assert res.returncode == 2 and "(1/2) a: start" in res.stdout and "(2/2) b: start" in res.stdout
+    assert f"  ! data.val: {tmp_path}/nope: no such file or folder" in res.stdout
+    assert res.stderr == ("error: job(s) b name rollouts that cannot be found (listed above, marked !): fix their "
+                          "paths before the batch runs\n")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
 
 def test_launcher_kinds_and_child_discovery():
     assert runner.spawns_workers(["accelerate", "launch", "--config_file", "x.yaml"])

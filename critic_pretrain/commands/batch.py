@@ -54,10 +54,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def dry_run(jobs: list[Job]) -> None:
-    """What a real run would do, without running anything."""
+    """What a real run would do, without running anything; rollouts a job names that cannot be
+    found are listed under it and end the dry run with an error (else a typo in one job's
+    data.train shows only when that job starts, maybe hours into the batch)."""
+    missing = []
     for i, job in enumerate(jobs):
         state = job_state(job)
         action = (f"skip (finished at step_{state.step})" if state.finished else
                   f"resume from step_{state.step}" if state.step is not None else "start")
         print(f"({i + 1}/{len(jobs)}) {job.name}: {action} -> {job.output_dir}  "
               f"[max_steps {job.cfg.train.max_steps}, signal to {job.signal_to}]\n  $ {shlex.join(job.command())}")
+        for problem in unreadable_rollouts(job) if not state.finished else []:
+            print(f"  ! {problem}")
+            missing.append(job.name)
+    if missing:
+        raise UserError(f"job(s) {', '.join(dict.fromkeys(missing))} name rollouts that cannot be found (listed above, "
+                        "marked !): fix their paths before the batch runs")
+
+
+def unreadable_rollouts(job: Job) -> list[str]:
+    """One line per rollout spec of the job's data.train / data.sources / data.val that names no
+    file (the check training does first; torch-free). ``builtin:`` specs resolve inside the package."""
+    from rollouts.errors import RolloutError
+    from rollouts.paths import resolve
+
+    data = job.cfg.data
+    specs = [(f"data.{src.name or 'sources'}", p) for src in data.all_sources() for p in src.paths]
+    specs += [("data.val", p) for p in data.val or []]
+    out = []
+    for key, spec in specs:
+        try:
+            resolve([spec])
+        except RolloutError as e:
+            out.append(f"{key}: {e}")
+    return out
