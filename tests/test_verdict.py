@@ -326,6 +326,7 @@ def test_critics_that_learned_nothing_are_never_called_helps(tmp_path):
         else:
             ev = evaluate_checkpoint(out / f"step_{steps}", cold_every=0)
         calls[name] = {r["regime"]: r["verdict"]["call"] for r in ev["regimes"] if r["rows"]}
+        assert all(r["verdict"]["bootstrapped"] is False for r in ev["regimes"])  # tiny_overrides: Monte-Carlo
     assert calls["trained"] == {"response": "helps"}
     assert "helps" not in calls["shuffled"].values() and "helps" not in calls["step 0"].values(), calls
 
@@ -406,3 +407,19 @@ def test_a_verdict_over_few_prompts_says_its_intervals_are_optimistic(tmp_path):
     assert len(few) == 2 and "only 2 prompts" in few[1]
     assert few[1].endswith("evaluate on more prompts before relying on the call")
     assert len(many) == 1
+
+
+def test_no_better_advice_follows_the_critic_s_targets():
+    """"retrain with bootstrapped targets (..., if it did not use them)" was said to critics that
+    did: the caller that knows the checkpoint's targets (eval, seed check) sets ``bootstrapped``."""
+    iv = verdict.Interval(0.01, -0.1, 0.1)
+    v = verdict.Verdict(call="no better than the group mean", baseline="leave-one-out group mean",
+                        ev_vs_group_mean=iv, ev_vs_batch_mean=iv, rho=iv, sibling_auc=[iv] * 4, sibling_pairs=300,
+                        terminal_auc=None, first_token_ev_vs_group_mean=iv, groups=50, rows=400)
+    assert "targets.values_from=critic, if it did not use them" in v.fix
+    v.bootstrapped = False
+    assert "retrain with bootstrapped targets (targets.values_from=critic), more rollouts" in v.fix
+    v.bootstrapped = True
+    assert "values_from" not in v.fix and "(it already bootstraps from its own values)" in v.fix
+    assert v.to_json()["bootstrapped"] is True and v.fix in v.line()
+

@@ -160,7 +160,8 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
                                                  max_length=max_length, layout=Layout(1, 0, 1), device=dev,
                                                  token_cap=token_cap, prefix=part.prefix, cold_model=cold,
                                                  cold_every=cold_every or 1))
-        regimes = [r for part, result in zip(held, results) for r in _regimes(part, result, step_dir)]
+        bootstrapped = cfg.targets.values_from == "critic"  # the verdict's advice depends on it
+        regimes = [r for part, result in zip(held, results) for r in _regimes(part, result, step_dir, bootstrapped)]
         data_summary = _data_summary(store, indices, rollouts, split, max_length)
     info = ckpt.StepPaths(step_dir).read_training_info() or {}
     return {
@@ -186,23 +187,24 @@ class Held:
     split: str
 
 
-def _regimes(part: Held, result, step_dir: Path) -> list[dict]:
+def _regimes(part: Held, result, step_dir: Path, bootstrapped: bool) -> list[dict]:
     """The verdict per regime: a held-out set is one; given rollouts are split by whether the
     critic trained on their prompt (``step_<n>/data/trained.safetensors``): fresh responses to
     trained prompts are PPO's regime, the rest are new prompts. Rollouts the critic trained on
-    (the same tokens) are in neither: they would flatter it."""
+    (the same tokens) are in neither: they would flatter it. ``bootstrapped``: the critic trained on
+    its own values (``Verdict.bootstrapped``)."""
     from ..data import REGIMES
     if result.verdict is None:
         return []
     if part.regime is not None:
         return [{"regime": part.regime, "label": REGIMES[part.regime], "prefix": part.prefix,
                  "rows": len(part.idx), "metrics": result.metrics,
-                 "verdict": _verdict_json(result.verdict, REGIMES[part.regime])}]
+                 "verdict": _verdict_json(result.verdict, REGIMES[part.regime], bootstrapped)}]
     trained = ckpt.StepPaths(step_dir).read_trained()
     if trained is None:
         label = "all rollouts (this step does not record its training prompts)"
         return [{"regime": "unknown", "label": label, "prefix": part.prefix, "rows": int(len(result.eval_rows)),
-                 "verdict": _verdict_json(result.verdict, label)}]
+                 "verdict": _verdict_json(result.verdict, label, bootstrapped)}]
     rows = result.eval_rows
     seen = np.isin(part.store.row_hashes(prompt_only=True)[rows], trained["prompts"])
     known = np.isin(part.store.row_hashes()[rows], trained["rollouts"])
@@ -210,12 +212,13 @@ def _regimes(part: Held, result, step_dir: Path) -> list[dict]:
     for regime, mask in (("prompt", ~seen & ~known), ("response", seen & ~known)):  # REGIMES' order
         label = REGIMES[regime]
         out.append({"regime": regime, "label": label, "prefix": part.prefix, "rows": int(mask.sum()),
-                    "trained_on_left_out": int(known.sum()), "verdict": _verdict_json(result.judge_rows(mask), label)})
+                    "trained_on_left_out": int(known.sum()),
+                    "verdict": _verdict_json(result.judge_rows(mask), label, bootstrapped)})
     return out
 
 
-def _verdict_json(v, label: str) -> dict:
-    v.regime = label
+def _verdict_json(v, label: str, bootstrapped: bool) -> dict:
+    v.regime, v.bootstrapped = label, bootstrapped
     return v.to_json()
 
 

@@ -185,6 +185,9 @@ class Verdict:
     rows: int
     regime: str = ""
     """Which held-out rollouts (``data.REGIMES``), set by the caller."""
+    bootstrapped: bool | None = None
+    """Whether the critic trained on its own values (``targets.values_from=critic``), set by a
+    caller that knows; None: unknown. The advice for **no better** depends on it."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -199,9 +202,14 @@ class Verdict:
                     "policy PPO starts from, then retrain")
         if self.call == "unknown":
             return "evaluate on more rollouts (several prompts, two or more responses each)"
+        retrain = {None: "bootstrapped targets (targets.values_from=critic, if it did not use them), more rollouts "
+                         "of this policy or a longer schedule",
+                   False: "bootstrapped targets (targets.values_from=critic), more rollouts of this policy or a "
+                          "longer schedule",
+                   True: "more rollouts of this policy or a longer schedule (it already bootstraps from its own "
+                         "values)"}[self.bootstrapped]
         return ("a free baseline (the group mean of GRPO, or the batch mean PPO subtracts anyway) does as well: "
-                "retrain with bootstrapped targets (targets.values_from=critic, if it did not use them), more "
-                "rollouts of this policy or a longer schedule, or start PPO without it")
+                f"retrain with {retrain}, or start PPO without it")
 
     def line(self) -> str:
         """The one line that ends ``seed check`` and report.md."""
