@@ -160,8 +160,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
                                                  max_length=max_length, layout=Layout(1, 0, 1), device=dev,
                                                  token_cap=token_cap, prefix=part.prefix, cold_model=cold,
                                                  cold_every=cold_every or 1))
-        bootstrapped = cfg.targets.values_from == "critic"  # the verdict's advice depends on it
-        regimes = [r for part, result in zip(held, results) for r in _regimes(part, result, step_dir, bootstrapped)]
+        regimes = [r for part, result in zip(held, results) for r in _regimes(part, result, step_dir, cfg)]
         data_summary = _data_summary(store, indices, rollouts, split, max_length)
     info = ckpt.StepPaths(step_dir).read_training_info() or {}
     return {
@@ -187,13 +186,14 @@ class Held:
     split: str
 
 
-def _regimes(part: Held, result, step_dir: Path, bootstrapped: bool) -> list[dict]:
+def _regimes(part: Held, result, step_dir: Path, cfg) -> list[dict]:
     """The verdict per regime: a held-out set is one; given rollouts are split by whether the
     critic trained on their prompt (``step_<n>/data/trained.safetensors``): fresh responses to
     trained prompts are PPO's regime, the rest are new prompts. Rollouts the critic trained on
-    (the same tokens) are in neither: they would flatter it. ``bootstrapped``: the critic trained on
-    its own values (``Verdict.bootstrapped``)."""
+    (the same tokens) are in neither: they would flatter it. ``cfg``: the checkpoint's config (whether
+    the critic bootstrapped from its own values picks the verdict's advice, ``Verdict.bootstrapped``)."""
     from ..data import REGIMES
+    bootstrapped = cfg.targets.values_from == "critic"
     if result.verdict is None:
         return []
     if part.regime is not None:
