@@ -21,6 +21,7 @@ Defaults are each framework's own where a key is absent (docs/design.md).
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -92,7 +93,29 @@ def read_ppo_config(path: str | Path, *, grpo: bool = False) -> PPOSettings:
 # ---------------------------------------------------------------------------------------------
 # Frameworks
 
+READ_KEYS = {"adv_estimator": ("name", "gae_gamma", "gae_lambda", "gae_lambda_value"),
+             "reward_scaling": ("enabled", "source_min", "source_max", "target_min", "target_max"),
+             "algorithm": ("gamma", "lam")}
+"""Per section, the keys a warm critic's conventions are read from (an absent one takes the
+framework's default, so a misspelt one would pass unnoticed: ``_check_spelling``)."""
+
+
+def _check_spelling(node: Any, where: str, p: Path) -> None:
+    """A key of ``node`` that is a near miss of a key we read (``READ_KEYS``) and stands where that
+    key is absent: one line with the did-you-mean, since the default would be read in its place."""
+    if not isinstance(node, dict):
+        return
+    wanted = READ_KEYS[where.rpartition(".")[2]]
+    for key in node:
+        near = difflib.get_close_matches(str(key), wanted, n=1, cutoff=0.8)
+        if key not in wanted and near and near[0] not in node:
+            raise UserError(f"{p}: {where} has '{key}'; did you mean '{near[0]}'? As written it is ignored and "
+                            f"{near[0]} takes the framework's default: fix the key")
+
+
 def _nemo_rl(cfg: dict, p: Path, section: str = "ppo") -> PPOSettings:
+    for part in ("adv_estimator", "reward_scaling"):
+        _check_spelling(_get(cfg, f"{section}.{part}"), f"{section}.{part}", p)
     adv = _get(cfg, f"{section}.adv_estimator") or {}
     lam = adv.get("gae_lambda_value")
     s = PPOSettings("nemo-rl", p, gamma=float(adv.get("gae_gamma", 1.0)),
@@ -113,6 +136,7 @@ def _nemo_rl(cfg: dict, p: Path, section: str = "ppo") -> PPOSettings:
 
 
 def _verl(cfg: dict, p: Path) -> PPOSettings:
+    _check_spelling(cfg.get("algorithm"), "algorithm", p)
     s = PPOSettings("verl", p, gamma=float(_get(cfg, "algorithm.gamma", 1.0)),
                     lam=float(_get(cfg, "algorithm.lam", 1.0)))
     s.model = _get(cfg, "critic.model.path") or _get(cfg, "actor_rollout_ref.model.path")

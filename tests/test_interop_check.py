@@ -533,6 +533,21 @@ def test_ppo_config_flat_openrlhf_defaults_to_its_lambda(run, tmp_path, capsys):
     assert rc == 0 and "lambda 0.95, it was pretrained with 1" in err
 
 
+@pytest.mark.parametrize("name, text, says", [
+    ("ppo.yaml", NEMO_BASE.replace("gae_gamma: 1", "gae_gama: 0.9"),
+     "ppo.adv_estimator has 'gae_gama'; did you mean 'gae_gamma'?"),
+    ("ppo.yaml", NEMO_BASE.replace("target_min: -1.0", "target_mn: -1.0"),
+     "ppo.reward_scaling has 'target_mn'; did you mean 'target_min'?"),
+    ("args.txt", "algorithm.gama=0.9 algorithm.lam=1.0", "algorithm has 'gama'; did you mean 'gamma'?"),
+])
+def test_ppo_config_misspelt_key_is_one_line_not_a_default(run, tmp_path, capsys, name, text, says):
+    """A misspelt key we read was ignored and its default passed the check (a new user's
+    `gae_gama: 0.9` printed OK): it is one line with the did-you-mean, exit 2."""
+    (tmp_path / name).write_text(text)
+    rc, _, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / name)
+    assert rc == 2 and err.count("\n") == 1 and says in err and "takes the framework's default" in err, err
+
+
 def test_ppo_config_that_is_none_of_them(run, tmp_path, capsys):
     (tmp_path / "x.yaml").write_text("trainer: {epochs: 3}\n")
     (tmp_path / "x.txt").write_text("hello world\n")
