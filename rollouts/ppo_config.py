@@ -107,6 +107,7 @@ def _check_spelling(node: Any, where: str, p: Path) -> None:
         return
     wanted = READ_KEYS[where.rpartition(".")[2]]
     for key in node:
+        # stricter than errors.closest (0.6): these sections hold real keys we do not read (verl's kl_ctrl, ...)
         near = difflib.get_close_matches(str(key), wanted, n=1, cutoff=0.8)
         if key not in wanted and near and near[0] not in node:
             raise UserError(f"{p}: {where} has '{key}'; did you mean '{near[0]}'? As written it is ignored and "

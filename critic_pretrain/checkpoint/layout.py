@@ -288,16 +288,23 @@ def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path
     return None
 
 
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete ``step_<n>`` of ``run_dir`` by sizes (for messages that name it; a
+    resume checks content too: ``resolve_resume``); None when there is none."""
+    found = find_checkpoints(run_dir, quiet=True) if run_dir.is_dir() else {}  # the message names what it found
+    return found[max(found)] if found else None
+
+
 def run_folder_problem(p: Path) -> str | None:
     """For a folder given where a checkpoint is expected: when it is a run folder (it holds
     ``step_<n>`` folders), what to pass instead (its newest complete step); else None."""
     steps = sorted((d for d in p.iterdir() if d.is_dir() and step_number(d) is not None), key=step_number)
     if not steps:
         return None
-    found = find_checkpoints(p, quiet=True)  # the message names what it found
-    if found:
+    newest = newest_checkpoint(p)
+    if newest:
         return f"is a run folder, not a checkpoint; pass one of its step_<n> folders, e.g. the newest " \
-               f"complete one: {found[max(found)]}"
+               f"complete one: {newest}"
     return f"is a run folder whose step_<n> folders are all incomplete ({', '.join(d.name for d in steps[-3:])}); " \
            "let the run save a checkpoint first"
 

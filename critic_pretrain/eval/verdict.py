@@ -202,14 +202,12 @@ class Verdict:
                     "policy PPO starts from, then retrain")
         if self.call == "unknown":
             return "evaluate on more rollouts (several prompts, two or more responses each)"
-        retrain = {None: "bootstrapped targets (targets.values_from=critic, if it did not use them), more rollouts "
-                         "of this policy or a longer schedule",
-                   False: "bootstrapped targets (targets.values_from=critic), more rollouts of this policy or a "
-                          "longer schedule",
-                   True: "more rollouts of this policy or a longer schedule (it already bootstraps from its own "
-                         "values)"}[self.bootstrapped]
+        bootstrap = {None: "bootstrapped targets (targets.values_from=critic, if it did not use them), ",
+                     False: "bootstrapped targets (targets.values_from=critic), ", True: ""}[self.bootstrapped]
+        already = " (it already bootstraps from its own values)" if self.bootstrapped else ""
         return ("a free baseline (the group mean of GRPO, or the batch mean PPO subtracts anyway) does as well: "
-                f"retrain with {retrain}, or start PPO without it")
+                f"retrain with {bootstrap}more rollouts of this policy or a longer schedule{already}, or start PPO "
+                "without it")
 
     def line(self) -> str:
         """The one line that ends ``seed check`` and report.md."""

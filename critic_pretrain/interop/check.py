@@ -240,7 +240,7 @@ def _resolve(report: SeedReport, raw: str | Path | None) -> Path | None:
         return None
     m = TMP_STEP_RE.match(p.name)
     if m:
-        newest = _newest_step(p.parent)
+        newest = ckpt.newest_checkpoint(p.parent)
         hint = f"use the newest complete checkpoint {newest}" if newest else "no complete step_<n> exists beside it yet"
         report.fail("path", f"{p} is an unfinished save (tmp_step_{m.group(1)}: the run crashed or is still "
                             f"writing it); {hint}, or wait for the save to finish")
@@ -258,13 +258,6 @@ def _resolve(report: SeedReport, raw: str | Path | None) -> Path | None:
     report.fail("path", f"{p} has no value/weights: it is not a critic seed; pass a step_<n> folder written by "
                         "critic-pretrain train or critic-pretrain export --format nemo-rl")
     return None
-
-
-def _newest_step(run_dir: Path) -> Path | None:
-    if not run_dir.is_dir():
-        return None
-    found = ckpt.find_checkpoints(run_dir, quiet=True)  # the message names what it found
-    return found[max(found)] if found else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -146,7 +146,7 @@ None): "raw" is then an assumption, not a fact (docs/converters.md, "Rewards: wh
 
 def raw_rewards_phrase(facts: dict) -> str:
     """"the raw rewards", or ``RAW_UNSTATED`` when the seed's facts say its archive did not record them."""
-    rewards = facts.get("rewards", {"logged": "unknown"})  # facts without the key: an older caller, say "raw"
+    rewards = facts.get("rewards")  # None: facts that do not carry data.rewards at all (older seeds): say "raw"
     return RAW_UNSTATED if isinstance(rewards, dict) and not rewards.get("logged") else "the raw rewards"
 
 
@@ -264,7 +264,7 @@ def _skyrl_lines(loc: str, t: dict, raw: str) -> list[str]:
                                 raw)]
 
 
-def _plain_reward_note(targets: dict, how: str, raw: str = "the raw rewards") -> list[str]:
+def _plain_reward_note(targets: dict, how: str, raw: str) -> list[str]:
     if not targets:
         return ["# reward scale unknown (no critic_pretrain.json): use the scale the critic was trained on"]
     if (targets.get("reward_scale", 1.0), targets.get("reward_shift", 0.0), targets.get("reward_clip")) \
