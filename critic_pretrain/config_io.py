@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 
 from .config import Config, check_values
-from .errors import UserError, did_you_mean
+from .errors import UserError, did_you_mean, yaml_problem
 
 
 def bundled_configs() -> Path:
@@ -78,10 +78,7 @@ def read_yaml_mapping(path: str | os.PathLike, *, missing: str, expected: str) -
     except OSError as e:
         raise UserError(f"{path}: cannot read it ({e.strerror or e})") from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{where} is not valid YAML ({getattr(e, 'problem', None) or e}); "
-                        "fix the file") from None
+        raise UserError(f"{path}: not valid YAML ({yaml_problem(e)}); fix the file") from None
     if not isinstance(doc, dict):
         raise UserError(f"{path}: expected {expected} at the top level")
     return doc

@@ -18,7 +18,9 @@ from rollouts.errors import (
     did_you_mean,
     first_line,
     require,
+    yaml_problem,
 )
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "Problem", "RolloutError",
-           "UserError", "closest", "did_you_mean", "first_line", "require"]
+           "UserError", "closest", "did_you_mean", "first_line", "require",
+           "yaml_problem"]

@@ -42,6 +42,14 @@ def first_line(e: BaseException, limit: int = 240) -> str:
     return line[:limit]
 
 
+def yaml_problem(e: BaseException) -> str:
+    """Where and what a YAML parse error is, on one line: ``line 3, column 7: mapping values are
+    not allowed here`` (PyYAML's marks count from 0; editors count lines from 1)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    what = getattr(e, "problem", None) or first_line(e)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+
 def require(module: str, needed_for: str, install: str | None = None):
     """``import module`` for a lazily imported package, or a one-line ``UserError`` that names
     what needs it and the ``pip install`` that brings it (docs/install.md lists them all)."""

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError, first_line
+from .errors import UserError, yaml_problem
 
 REF = re.compile(r"^\$\{([A-Za-z0-9_.]+)\}$")
 
@@ -174,7 +174,7 @@ def _load_yaml(p: Path, depth: int = 0) -> dict:
     try:
         cfg = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise UserError(f"--ppo-config {p}: not valid YAML ({first_line(e)})") from None
+        raise UserError(f"--ppo-config {p}: not valid YAML ({yaml_problem(e)}); fix the file") from None
     if not isinstance(cfg, dict):
         raise UserError(f"--ppo-config {p}: the YAML is not a mapping of keys")
     parents = cfg.pop("defaults", None)

@@ -34,7 +34,7 @@ def test_config_overrides_and_errors(tmp_path):
         with pytest.raises(UserError, match=msg):
             load_config("configs/demo.yaml", [bad])
     (tmp_path / "bad.yaml").write_text("train: [1, 2\n")
-    with pytest.raises(UserError, match="not valid YAML"):
+    with pytest.raises(UserError, match=r"bad.yaml: not valid YAML \(line 2, column 1: "):
         load_config(tmp_path / "bad.yaml")
     keys = {k for k, _, doc in describe()}
     assert {"output_dir", "seed", "data.train", "data.val", "train.max_steps", "checkpoint.save_every",

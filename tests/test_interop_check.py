@@ -397,16 +397,17 @@ def test_quality_rule(seed, capsys, monkeypatch, metrics, regimes, ok, words):
 
     calls = []
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda step, rollouts, **kw: calls.append(
-        (step, rollouts, kw)) or {"metrics": {"eval/explained_variance": 0.3, **metrics}, "data": {"rows": 64},
+        (step, rollouts, kw)) or {"metrics": {"eval/explained_variance": 0.3, **metrics},
+                                  "data": {"rows": 64, "trained_on_left_out": 1600},
                                   "regimes": [{"rows": 32, "regime": v["regime"], "verdict": v} for v in regimes]})
     rc, out, err = check(capsys, seed, "--rollouts", "newer/")
     assert calls == [(seed.resolve(), ["newer/"], {"cold_every": 0, "leave_out_trained": True})]
     assert rc == (0 if ok else 1)
     if ok:
-        assert "quality on the current policy (64 rollouts): PASSED" in out
+        assert "quality on the current policy (64 rollouts; 1,600 more left out: the critic trained on them)" in out
     else:
         (line,) = errors(err)
-        assert words in line and "on 64 rollouts of newer/" in line
+        assert words in line and "on 64 rollouts of newer/, 1,600 more left out: the critic trained on them" in line
     for v in regimes:  # every regime's verdict is printed, pass or fail
         assert f"verdict on {v['line'].replace('**', '')}" in (out if ok else err)
 
@@ -415,7 +416,7 @@ def test_quality_without_a_baseline_warns(seed, capsys, monkeypatch):
     import critic_pretrain.eval.from_checkpoint as evaluate
 
     monkeypatch.setattr(evaluate, "evaluate_checkpoint", lambda *a, **kw: {
-        "metrics": {"eval/explained_variance": 0.3}, "data": {"rows": 9},
+        "metrics": {"eval/explained_variance": 0.3}, "data": {"rows": 9, "trained_on_left_out": 0},
         "regimes": [{"rows": 9, "regime": "response", "verdict": verdict_of("unknown", "response")}]})
     rc, _, err = check(capsys, seed, "--rollouts", "x/")
     assert rc == 0 and "too few prompts with two or more responses to judge the critic" in err
@@ -448,6 +449,11 @@ def test_quality_on_fresh_rollouts_of_a_shifted_policy(tmp_path, capsys):
     n = next(r["n"] for r in ev["advantages"] if (r["estimator"], r["lam"], r["tokens"]) == ("critic", 0.95, "first"))
     assert rc == (0 if critic - control > 2 / n ** 0.5 else 1)
     assert f"{critic:.3f}" in (out_text if rc == 0 else err) and f"{control:.3f}" in (out_text if rc == 0 else err)
+    assert "more left out" not in out_text + err  # b is all fresh
+    # with the training archive passed too, its trained rows are left out and the line says how many
+    trained = len(ckpt.StepPaths(out / "step_4").read_trained()["rollouts"])
+    facts = check_seed(out / "step_4", rollouts=[str(tmp_path / "b"), str(tmp_path / "a")]).facts["quality"]
+    assert 0 < trained < 96 and facts["rows"] == 48 + 96 - trained and facts["trained_on_left_out"] == trained
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,6 +552,14 @@ def test_ppo_config_misspelt_key_is_one_line_not_a_default(run, tmp_path, capsys
     (tmp_path / name).write_text(text)
     rc, _, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / name)
     assert rc == 2 and err.count("\n") == 1 and says in err and "takes the framework's default" in err, err
+
+
+def test_ppo_config_broken_yaml_names_its_line(run, tmp_path, capsys):
+    """A parse error says where (line and column, counted from 1 as editors do), not only what."""
+    (tmp_path / "ppo.yaml").write_text(NEMO_BASE + "  oops: [1, 2\nloss_fn: {}\n")
+    rc, _, err = check(capsys, run / "step_4", "--ppo-config", tmp_path / "ppo.yaml")
+    line = NEMO_BASE.count("\n") + 2  # the line after the unclosed bracket
+    assert rc == 2 and err.count("\n") == 1 and f"not valid YAML (line {line}, column" in err, err
 
 
 def test_ppo_config_that_is_none_of_them(run, tmp_path, capsys):

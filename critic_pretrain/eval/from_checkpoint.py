@@ -161,7 +161,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
                                                  token_cap=token_cap, prefix=part.prefix, cold_model=cold,
                                                  cold_every=cold_every or 1))
         regimes = [r for part, result in zip(held, results) for r in _regimes(part, result, step_dir, cfg)]
-        data_summary = _data_summary(store, indices, rollouts, split, max_length)
+        data_summary = _data_summary(store, indices, rollouts, split, max_length, held[0].left_out)
     info = ckpt.StepPaths(step_dir).read_training_info() or {}
     return {
         "checkpoint": {"path": str(step_dir.resolve()), "step": info.get("total_steps"),
@@ -184,6 +184,8 @@ class Held:
     store: RolloutStore
     idx: np.ndarray
     split: str
+    left_out: int = 0
+    """Rows of the given rollouts left out because the critic trained on them (``leave_out_trained``)."""
 
 
 def _regimes(part: Held, result, step_dir: Path, cfg) -> list[dict]:
@@ -250,7 +252,8 @@ def _rows_to_evaluate(step_dir: Path, cfg, manifest: ckpt.Manifest, rollouts: li
         if not len(fresh):
             raise UserError(f"the critic trained on every one of the {len(store)} rollouts of {', '.join(rollouts)}: "
                             "check it on fresh rollouts of the policy")
-        return [Held(None, "eval", store, fresh, f"{len(fresh)} of {len(store)} rows (the critic trained on the rest)")]
+        return [Held(None, "eval", store, fresh, f"{len(fresh)} of {len(store)} rows (the critic trained on the rest)",
+                     left_out=len(store) - len(fresh))]
     run_cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else step_dir.parent / "data_cache"
     data = build_train_data(cfg.data, cfg.targets, run_cache, main_first=contextlib.nullcontext,
                             progress=False, model_limit=model_limit, vocab_size=vocab_size)
@@ -286,13 +289,15 @@ def eval_autocast(device: torch.device, mixed_precision: str):
 
 
 def _data_summary(store: RolloutStore, indices: np.ndarray, rollouts: list[str] | None, split: str,
-                  max_length: int) -> dict:
-    """What was evaluated (rows, tokens) and what the prepared store read and left out (its stats)."""
+                  max_length: int, trained_on_left_out: int = 0) -> dict:
+    """What was evaluated (rows, tokens), the given rows left out because the critic trained on
+    them, and what the prepared store read and left out (its stats)."""
     files = [f["path"] if isinstance(f, dict) else str(f) for f in store.meta.get("files", [])]
     return {"rollouts": list(rollouts) if rollouts else None, "files": files, "split": split,
             "rows": int(len(indices)), "tokens": int(store.lengths[indices].sum()),
             "max_length": max_length, "longer_than_max_length": int((store.lengths[indices] > max_length).sum()),
-            "has_oracle": store.has_oracle, "store": dataclasses.asdict(store.stats)}
+            "has_oracle": store.has_oracle, "trained_on_left_out": trained_on_left_out,
+            "store": dataclasses.asdict(store.stats)}
 
 
 def write_json(obj: dict, out: Path) -> None:

@@ -40,7 +40,7 @@ from .. import checkpoint as ckpt
 from .. import preflight
 from ..errors import UserError, first_line
 from .frameworks import BIASED_TARGETS, FRAMEWORKS, HEAD, TARGETS
-from .seed_report import SeedReport
+from .seed_report import SeedReport, left_out_note
 from .seed_weights import (
     add_weight_facts,
     check_finite,
@@ -172,9 +172,11 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
     m = ev["metrics"]
     judged = [r for r in ev.get("regimes") or [] if r["rows"]]
     verdicts = [r["verdict"] for r in judged]
-    q = {"rollouts": list(rollouts), "rows": ev["data"]["rows"], "explained_variance": m.get("eval/explained_variance"),
-         "ev_group_mean": m.get("eval/ev_group_mean"), "verdicts": [v["line"] for v in verdicts]}
-    where = f"on {ev['data']['rows']} rollouts of {', '.join(rollouts)}"
+    q = {"rollouts": list(rollouts), "rows": ev["data"]["rows"],
+         "trained_on_left_out": ev["data"]["trained_on_left_out"],
+         "explained_variance": m.get("eval/explained_variance"), "ev_group_mean": m.get("eval/ev_group_mean"),
+         "verdicts": [v["line"] for v in verdicts]}
+    where = f"on {q['rows']:,} rollouts of {', '.join(rollouts)}{left_out_note(q).replace(';', ',')}"
     # PPO's regime (fresh responses to trained prompts) decides when it has a call; else new prompts
     ranked = sorted(judged, key=lambda r: r["regime"] != "response")
     decisive = next((r["verdict"] for r in ranked if r["verdict"]["call"] != "unknown"), None)

@@ -15,6 +15,13 @@ from .frameworks import FRAMEWORKS, describe_head, describe_optimizer, describe_
 log = logging.getLogger(__name__)
 
 
+def left_out_note(quality: dict) -> str:
+    """``; 2,200 more left out: the critic trained on them`` when a quality check left rollouts out
+    (they would flatter it), else empty: a user who passed 2,400 rollouts reads why 200 were judged."""
+    left = quality.get("trained_on_left_out") or 0
+    return f"; {left:,} more left out: the critic trained on them" if left else ""
+
+
 @dataclass(frozen=True)
 class SeedProblem:
     """One failed check. ``area`` lets callers (export) decide which problems they repair."""
@@ -88,10 +95,11 @@ class SeedReport:
             lines.append(f"  training: total_steps {info.get('total_steps')}" + (f", {val}" if val else ""))
         q = f.get("quality")
         if q and "critic" in q and "call" in q:
-            lines.append(f"  quality on the current policy ({q['rows']} rollouts): PASSED, {q['measure']}: helps")
+            lines.append(f"  quality on the current policy ({q['rows']:,} rollouts{left_out_note(q)}): PASSED, "
+                         f"{q['measure']}: helps")
         elif q and "critic" in q:
-            tokens = f", {q['tokens']} turn-first tokens" if q.get("tokens") else ""
-            lines.append(f"  quality on the current policy ({q['rows']} rollouts{tokens}): PASSED, {q['measure']} "
+            judged = f"{q['rows']:,} rollouts" + (f", {q['tokens']} turn-first tokens" if q.get("tokens") else "")
+            lines.append(f"  quality on the current policy ({judged}{left_out_note(q)}): PASSED, {q['measure']} "
                          f"{q['critic']:.3f} > group-mean baseline {q['baseline']:.3f} (margin "
                          f"{q['critic'] - q['baseline']:.3f}; a small margin may be noise: check more rollouts)")
             if q.get("explained_variance") is not None:
