@@ -126,6 +126,26 @@ def check_metric_names(cfg: Config, logged: set[str]) -> None:
                             + (f"; did you mean {prefix}{near}?" if near else "") + " (docs/metrics.md lists them)")
 
 
+def constant_targets(cfg: Config, logged: dict[str, float], val_sets) -> list[str]:
+    """Warnings, one per held-out set (``ValSet``) whose first evaluation found targets that do not
+    vary: every held-out rollout has the same return (one prompt held out, all its responses
+    solved). Their explained variance is 0/0 (nan from step 0 on), and the verdict, the group-mean
+    baseline and the over-training watch have nothing to measure; only the loss does. A warning,
+    not a refusal: the critic still trains on its training rollouts."""
+    out = []
+    for v in val_sets:
+        ev, mean = logged.get(f"{v.prefix}/explained_variance"), logged.get(f"{v.prefix}/target_mean")
+        if ev is None or ev == ev or mean is None:  # logged and not nan: it varies
+            continue
+        prompts = logged.get(f"{v.prefix}/prompts")
+        of = f" of {int(prompts)} prompt{'s' if prompts != 1 else ''}" if prompts is not None else ""
+        out.append(f"{v.prefix}/explained_variance is nan: the {len(v.idx)} held-out rollouts{of} all have the same "
+                   f"return (every target {mean:.4g}), so the EV, the group-mean baseline and the verdict cannot judge "
+                   f"the critic, only {v.prefix}/loss can; hold out more prompts (data.val_fraction, now "
+                   f"{cfg.data.val_fraction:g}) or pass rollouts with varied returns as data.val")
+    return out
+
+
 RESUME_FIX = "use a new output_dir, or continue on the new split with data.allow_changes=true"
 
 

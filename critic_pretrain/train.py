@@ -502,6 +502,8 @@ def evaluate_and_log(run: Run, step: int) -> None:
     run.metrics.log({"step": step, **run.last_val})
     if not run.metric_names_checked:  # step 0 of a fresh run: before step 1
         preflight.check_metric_names(run.cfg, set(run.last_val))
+        for warning in preflight.constant_targets(run.cfg, run.last_val, run.data.val_sets):
+            log.warning(warning)
         run.metric_names_checked = True
     headline = ("loss", "explained_variance", "oracle_loss", "oracle_explained_variance", "calibration_error",
                 "adv_corr_first_lam0.95", "adv_corr_first_lam0.95_group_mean")
