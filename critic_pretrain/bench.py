@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="default: on for the Qwen shapes")
     ap.add_argument("--workers", type=int, default=None,
                     help="DataLoader workers for ours (default 2 on GPU, 0 on CPU)")
-    ap.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS, help="for MFU (H200 bf16 dense: 989)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the device's peak, for MFU (default on GPU: H200 bf16 dense, 989; on CPU: no MFU)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
 
@@ -318,14 +319,19 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {torch.__version__}, "
           f"max_tokens {max_tokens}, lengths {args.lengths} median {median:g} max {max_len}, "
           f"gradient checkpointing {ckpting}, {args.steps} timed steps")
-    print("| variant | real tokens/s | MFU | peak mem (GB) | padding | data wait |")
+    # MFU against a GPU's peak means nothing for a CPU run ("MFU 0.0%" read as a broken bench)
+    peak = args.peak_tflops or (H200_BF16_TFLOPS if gpu else None)
+    print(f"| variant | real tokens/s | MFU ({f'of {peak:g} TFLOP/s' if peak else 'n/a on CPU: --peak-tflops'}) "
+          "| peak mem (GB) | padding | data wait |")
     print("|---|---:|---:|---:|---:|---:|")
     rows = {}
     for name, r in results.items():
-        rows[name] = {"tokens_per_s": r.tokens_per_s(), "mfu": r.mfu(n["matmul"], layers, hidden, args.peak_tflops),
+        mfu = r.mfu(n["matmul"], layers, hidden, peak) if peak else None
+        rows[name] = {"tokens_per_s": r.tokens_per_s(), "mfu": mfu,
                       "peak_mem_gb": r.peak_mem_gb, "padding": r.padding(), "data_wait": r.data_wait / r.seconds}
         x = rows[name]
-        print(f"| {name} | {x['tokens_per_s']:,.0f} | {x['mfu']:.1%} | {x['peak_mem_gb']:.1f} | {x['padding']:.1%} | "
+        mfu = f"{x['mfu']:.1%}" if x["mfu"] is not None else "-"
+        print(f"| {name} | {x['tokens_per_s']:,.0f} | {mfu} | {x['peak_mem_gb']:.1f} | {x['padding']:.1%} | "
               f"{x['data_wait']:.1%} |")
     ratio = rows["ours"]["tokens_per_s"] / rows["baseline"]["tokens_per_s"]
     print(f"\nours / baseline tokens/s: {ratio:.2f}x")

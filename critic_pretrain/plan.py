@@ -133,19 +133,37 @@ def make_plan(cfg, name: str | None = None) -> Plan:
                 act_per_token_ckpt=ckpt_fixed + layers * ckpt_per_layer + per_layer, per_layer=per_layer)
 
 
+def count_text(n: float) -> str:
+    """1.54B, 0.16M, 900: a parameter count in the unit that keeps two significant decimals
+    (a tiny model read "0.00B")."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale / 10:
+            return f"{n / scale:,.2f}{unit}"
+    return f"{n:,.0f}"
+
+
+def bytes_text(b: float) -> str:
+    """28.8 GiB, 1.2 MiB, 0 B: memory in the largest binary unit it fills to at least 0.1."""
+    for power, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if b >= 1024 ** power / 10:
+            return f"{b / 1024 ** power:,.1f} {unit}"
+    return f"{b:,.0f} B"
+
+
 def render(plan: Plan, world: int, gpu_gb: float) -> str:
-    gb = lambda b: f"{b / GIB:,.1f} GiB"  # noqa: E731
     ddp, fsdp = plan.static("ddp", world), plan.static("fsdp2", world)
-    lines = [f"plan: {plan.name}: {plan.parameters / 1e9:.2f}B parameters ({plan.matmul_parameters / 1e9:.2f}B "
+    lines = [f"plan: {plan.name}: {count_text(plan.parameters)} parameters ({count_text(plan.matmul_parameters)} "
              f"without embeddings), {plan.layers} layers; master weights {plan.master_bytes} bytes, activations "
              f"{plan.compute_bytes} bytes per element",
-             f"per rank, {world} rank(s)            DDP            FSDP2"]
+             f"per rank, {world} rank(s) of {gpu_gb:g} GB (--world, --gpu-gb)",
+             f"  {'':<27} {'DDP':>14} {'FSDP2':>14}"]
     for key, label in (("parameters", "parameters"), ("gradients", "gradients"), ("adamw", "AdamW moments"),
                        ("buffers", "buckets / gathered layers")):
-        lines.append(f"  {label:<27} {gb(ddp[key]):>14} {gb(fsdp[key]):>14}")
-    lines.append(f"  {'total before activations':<27} {gb(sum(ddp.values())):>14} {gb(sum(fsdp.values())):>14}")
-    lines.append(f"activations per token: {plan.act_per_token / 2**20:.3f} MiB, with gradient checkpointing "
-                 f"{plan.act_per_token_ckpt / 2**20:.3f} MiB")
+        lines.append(f"  {label:<27} {bytes_text(ddp[key]):>14} {bytes_text(fsdp[key]):>14}")
+    lines.append(f"  {'total before activations':<27} {bytes_text(sum(ddp.values())):>14} "
+                 f"{bytes_text(sum(fsdp.values())):>14}")
+    lines.append(f"activations per token: {bytes_text(plan.act_per_token)}, with gradient checkpointing "
+                 f"{bytes_text(plan.act_per_token_ckpt)}")
     for ckpt in (False, True):
         fits = {k: plan.max_tokens(k, world, gpu_gb, ckpt) for k in ("ddp", "fsdp2")}
         text = ", ".join(f"{k.upper()} {v:,}" if v else f"{k.upper()} does not fit" for k, v in fits.items())

@@ -12,11 +12,14 @@ import pytest
 from critic_pretrain.bench import Result, main
 
 
-def test_bench_tiny_cpu(tmp_path):
+def test_bench_tiny_cpu(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["--shape", "tiny", "--steps", "2", "--warmup", "1", "--max-tokens", "1024", "--median", "100",
                  "--max-len", "512", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
+    # MFU against a GPU's peak is no figure for a CPU run: none, unless the CPU's peak is given
+    assert "| MFU (n/a on CPU: --peak-tflops) |" in capsys.readouterr().out
+    assert all(r["mfu"] is None for r in res["results"].values())
     assert res["results"]["ours"]["padding"] == 0.0
     assert res["results"]["baseline"]["padding"] > 0.1  # long-tailed lengths waste padded tokens
     for r in res["results"].values():

@@ -82,3 +82,18 @@ def test_plan_cli(capsys):
     assert cli_main(["plan", f"model.config={json.dumps(BIGGER)}", "--world", "2", "--gpu-gb", "24"]) == 0
     out = capsys.readouterr().out
     assert "DDP" in out and "FSDP2" in out and "largest data.max_tokens on 24 GB" in out
+
+
+def test_plan_units_fit_the_model(capsys):
+    """The 0.16M demo model printed "0.00B parameters" and a table of "0.0 GiB": each figure
+    now takes the unit it fills."""
+    from critic_pretrain.cli import main as cli_main
+    from critic_pretrain.plan import bytes_text, count_text
+    assert [count_text(n) for n in (1_543_714_304, 156_289, 120_000, 5_000, 60)] == \
+        ["1.54B", "0.16M", "0.12M", "5.00K", "60"]
+    assert [bytes_text(b) for b in (28.8 * 2**30, 3 * 2**20, 76.3 * 2**10, 50)] == \
+        ["28.8 GiB", "3.0 MiB", "76.3 KiB", "50 B"]
+    assert cli_main(["plan", "--config", "demo"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: qwen2: 0.16M parameters (0.12M without embeddings)" in out
+    assert "0.00B" not in out and " 0.0 " not in out and "per rank, 8 rank(s) of 80 GB (--world, --gpu-gb)" in out
