@@ -81,6 +81,26 @@ def test_overtraining_names_the_earlier_saved_step(tmp_path, monkeypatch):
     assert "Over-training" in text and "prefer step_70." in text
 
 
+def test_end_of_training_names_the_step_the_report_prefers(tmp_path, monkeypatch):
+    """The end-of-run lines load the newest step; when the report's over-training rule prefers
+    another, they say so in the report's own words (the demo's paste block named step_1200 while
+    its report said "prefer step_1100"), and say nothing when the rule does not fire."""
+    from critic_pretrain import checkpoint
+    from critic_pretrain.commands.train import overtraining_lines
+    run = synthetic_run(tmp_path)
+    monkeypatch.setattr(checkpoint, "find_checkpoints", lambda path: {70: run / "step_70", 100: run / "step_100"})
+    _, text = report.write_report([run], tmp_path / "rep", evaluate=False)
+    (said,) = [line.removeprefix("- ") for line in text.splitlines() if line.startswith("- Over-training")]
+    (line,) = overtraining_lines(run)
+    assert line.startswith(f"report: {said} `critic-pretrain seed check {run / 'step_70'}` prints its lines")
+    monkeypatch.setattr(checkpoint, "find_checkpoints", lambda path: {100: run / "step_100"})
+    (line,) = overtraining_lines(run)  # nothing earlier kept: the report's advice to train again, no command
+    assert "train again to train.max_steps=70" in line and "seed check" not in line
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(x for x in lines if '"step": 100' not in x) + "\n")
+    assert overtraining_lines(run) == []  # ends at 0.26 < 0.28: not over-trained
+
+
 def test_report_overlays_runs_and_extra_calibration(tmp_path):
     a, b = synthetic_run(tmp_path / "a"), synthetic_run(tmp_path / "b")   # same folder name: named by path
     ev = tmp_path / "newer-policy.json"

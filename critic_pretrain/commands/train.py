@@ -61,9 +61,28 @@ def check_final_seed(run: Run) -> None:
         log.warning("training finished, but step_%d is not a usable %s seed (above)", run.state.step, target)
     for line in verdict_lines(run.out / f"step_{run.state.step}"):
         print(line)
+    for line in overtraining_lines(run.out):
+        print(line)
     if run.cfg.checkpoint.keep_best:
         for line in best_kept_lines(run.out, run.cfg.checkpoint.best_metric, run.state.step):
             print(line)
+
+
+def overtraining_lines(out) -> list[str]:
+    """``critic-pretrain report``'s over-training sentence, when its rule flags the run: the lines
+    above load the newest step, and the report would prefer another (the demo's own run ended
+    with its paste block on step_1200 while its report said "prefer step_1100")."""
+    from ..report.runs import load_run
+    from ..report.summary import overtraining_text, summarize_run
+
+    s = summarize_run(load_run(out))
+    text = overtraining_text(s)
+    if text is None:
+        return []
+    step = out / f"step_{s.pick}"
+    return [f"report: {text}" + (f" `critic-pretrain seed check {step}` prints its lines; compare the two on rollouts "
+                                 "the run never saw first (`critic-pretrain eval STEP --rollouts R`; docs/warm.md, "
+                                 "*Plateau, over-training and which checkpoint*)" if s.prefer_earlier else "")]
 
 
 def best_kept_lines(out, metric: str, newest: int) -> list[str]:

@@ -77,6 +77,11 @@ class RunSummary:
     held_out: dict | None = None
     """What the run validated on (its config's data sources and split keys): runs compare only alike."""
 
+    @property
+    def prefer_earlier(self) -> bool:
+        """Over-trained, and a saved step before the final evaluation has the lowest val loss."""
+        return self.overtrained and self.pick is not None and self.pick < self.final["step"]
+
 
 def pick_checkpoint(run: RunData) -> tuple[list[int], int | None]:
     """(saved steps, the one to pick): the lowest validation loss among saved steps that were
@@ -207,12 +212,7 @@ def runs_markdown(summaries: list[RunSummary]) -> str:
                      f"val loss at step {_plateau_text(s.plateau_loss, s.final['step'])}, "
                      f"val EV at step {_plateau_text(s.plateau_ev, s.final['step'])}.")
         if s.overtrained:
-            lines.append(f"- Over-training: the final val loss ({_fmt(s.final.get('val/loss'))}) is above its best "
-                         f"({_fmt(s.best_loss[1])} at step {s.best_loss[0]}) by more than {PLATEAU_TOL:.0%} of the "
-                         "improvement; " + (f"prefer step_{s.pick}." if s.pick is not None and s.pick < s.final["step"]
-                                            else "no earlier checkpoint with an evaluation was kept: train again "
-                                                 f"to train.max_steps={s.best_loss[0]} in a new output_dir, or keep "
-                                                 "more (checkpoint.keep_last, checkpoint.save_every)."))
+            lines.append(f"- {overtraining_text(s)}")
         saved = ", ".join(f"step_{n}" for n in s.checkpoints) or "none"
         pick = (f"step_{s.pick} (lowest val loss among saved steps with an evaluation)" if s.pick is not None
                 else "none of the saved steps has an evaluation at the same step")
@@ -233,6 +233,19 @@ def runs_markdown(summaries: list[RunSummary]) -> str:
             lines += ["", f"### Audit of {name}: the critic against the policy's Monte-Carlo values", "",
                       *audit_lines(audit)]
     return "\n".join(lines) + "\n"
+
+
+def overtraining_text(s: RunSummary) -> str | None:
+    """The over-training sentence (``regressed``) with the checkpoint to prefer, or None: one text
+    for report.md and the end of a training run, so the two never name different steps."""
+    if not s.overtrained:
+        return None
+    return (f"Over-training: the final val loss ({_fmt(s.final.get('val/loss'))}) is above its best "
+            f"({_fmt(s.best_loss[1])} at step {s.best_loss[0]}) by more than {PLATEAU_TOL:.0%} of the improvement; "
+            + (f"prefer step_{s.pick}." if s.prefer_earlier else
+               "no earlier checkpoint with an evaluation was kept: train again to "
+               f"train.max_steps={s.best_loss[0]} in a new output_dir, or keep more (checkpoint.keep_last, "
+               "checkpoint.save_every)."))
 
 
 def audit_lines(audit: dict) -> list[str]:
