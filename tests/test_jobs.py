@@ -149,6 +149,24 @@ def test_fail_fast_and_clean_exit_without_finishing(toy_data, tmp_path):
     assert statuses(jobs_file) == {"quits": "preempted", "next": "not_started"}
 
 
+def test_two_jobs_files_in_one_folder_do_not_share_a_summary(toy_data, tmp_path, capsys):
+    """The default batch_summary.json is one jobs file's record: a second jobs file next to it
+    is refused before anything runs (it overwrote the first one's), and --summary separates them."""
+    first = write_jobs(tmp_path / "jobs.yaml", toy_data, [{**job("a", tmp_path / "a"), "launcher": ["false"]}])
+    second = write_jobs(tmp_path / "ablations.yaml", toy_data, [{**job("b", tmp_path / "b"), "launcher": ["false"]}])
+    assert runner_main([str(first)]) == exits.EXIT_FAILED
+    before = (tmp_path / "batch_summary.json").read_text()
+    capsys.readouterr()
+    assert runner_main([str(second)]) == exits.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err == (f"error: {tmp_path / 'batch_summary.json'} holds the summary of another jobs file ({first}); "
+                   f"pass --summary PATH for {second}, e.g. --summary {tmp_path / 'ablations_summary.json'}\n")
+    assert (tmp_path / "batch_summary.json").read_text() == before
+    assert runner_main([str(second), "--summary", str(tmp_path / "ablations_summary.json")]) == exits.EXIT_FAILED
+    assert runner_main([str(first)]) == exits.EXIT_FAILED  # its own summary: rewritten as before
+    assert statuses(first) == {"a": "failed"}
+
+
 @pytest.mark.parametrize("jobs, expected", [
     ({"jobs": [{"name": "a", "overides": []}]}, "job 'a': unknown key 'overides'; did you mean 'overrides'?"),
     ({"job": []}, "unknown key 'job'; did you mean 'jobs'?"),

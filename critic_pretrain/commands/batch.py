@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from pathlib import Path
 
@@ -48,9 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         dry_run(jobs)
         return EXIT_OK
-    summary = Path(args.summary) if args.summary else Path(args.jobs).resolve().parent / "batch_summary.json"
+    summary = Path(args.summary) if args.summary else default_summary(args.jobs)
     say(f"{len(jobs)} job(s) from {args.jobs}: {', '.join(j.name for j in jobs)}")
     return run_jobs(jobs, fail_fast=args.fail_fast, summary_path=summary, jobs_file=args.jobs)
+
+
+def default_summary(jobs_file: str) -> Path:
+    """``batch_summary.json`` next to the jobs file, unless it holds another jobs file's summary:
+    two JOBS files in one folder would overwrite each other's record, so that is refused."""
+    path = Path(jobs_file).resolve().parent / "batch_summary.json"
+    try:
+        other = json.loads(path.read_text()).get("jobs_file")
+    except (OSError, ValueError, AttributeError):
+        return path  # none yet, or not ours to read: written afresh
+    if other and Path(other) != Path(jobs_file).resolve():
+        raise UserError(f"{path} holds the summary of another jobs file ({other}); pass --summary PATH for "
+                        f"{jobs_file}, e.g. --summary {path.with_name(Path(jobs_file).stem + '_summary.json')}")
+    return path
 
 
 def dry_run(jobs: list[Job]) -> None:
