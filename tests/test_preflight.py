@@ -39,6 +39,31 @@ def test_no_policy_token_after_truncation_stops_before_step_1(toy_data, tmp_path
     assert not list(out.glob("step_*"))
 
 
+def test_a_refused_fresh_start_leaves_no_folder_that_looks_like_a_run(toy_data, tmp_path, capsys):
+    """A start refused before step 0 left `config.yaml` and `.lock` in a folder it had created.
+    It removes the folder it made; a folder that existed, or one holding a prepared data_cache
+    the fixed re-run reuses, stays as it was."""
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, tmp_path / "nope")) == 2
+    assert "no such file or folder" in one_error(capsys) and not out.exists()
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert train_main(tiny_overrides(out, tmp_path / "nope")) == 2
+    assert sorted(p.name for p in out.iterdir()) == [".lock", "config.yaml", "notes.txt"]
+    capsys.readouterr()
+    out = tmp_path / "run2"  # refused after the data was prepared: the cache is kept
+    assert train_main(tiny_overrides(out, toy_data, **{"train.grad_accum": 500})) == 2
+    assert "not enough training data for one optimizer step" in one_error(capsys)
+    assert (out / "data_cache").is_dir()
+
+
+def test_remove_unstarted_never_takes_another_processs_lock(tmp_path):
+    from critic_pretrain.checkpoint import LOCK, remove_unstarted
+    (tmp_path / "config.yaml").write_text("x: 1\n")
+    (tmp_path / LOCK).write_text("pid 1 on elsewhere since 2026-12-07 21:00:00\n")
+    assert not remove_unstarted(tmp_path) and (tmp_path / LOCK).exists()
+
+
 @pytest.mark.parametrize("extra, lever", [
     ({"train.grad_accum": 8}, "lower data.max_tokens or train.grad_accum"),
     ({"train.rollouts_per_step": 40}, "lower train.rollouts_per_step (now 40, which set train.grad_accum="),

@@ -17,6 +17,7 @@ from .layout import (
     lock_output_dir,
     missing_path_hint,
     newest_checkpoint,
+    remove_unstarted,
     resolve_resume,
     run_folder_problem,
     step_number,
@@ -40,6 +41,6 @@ __all__ = ["CHECKSUM", "FORMAT_VERSION", "LOCK", "MANIFEST", "Manifest", "OPTIM_
     "StepPaths", "apply_retention", "best_steps", "build_manifest", "file_checksum", "files_manifest",
     "find_checkpoints", "library_versions",
     "load_optimizer", "load_resume_state", "load_rng_state", "load_weights", "lock_output_dir",
-    "missing_path_hint", "newest_checkpoint", "run_folder_problem",
+    "missing_path_hint", "newest_checkpoint", "remove_unstarted", "run_folder_problem",
     "resolve_resume", "rng_state", "save_checkpoint", "save_rng_state", "set_rng_state", "step_number",
     "verify", "write_export_manifest"]

@@ -168,6 +168,23 @@ class StepPaths:
 LOCK = ".lock"
 
 
+def remove_unstarted(out: Path) -> bool:
+    """Remove ``out`` when a fresh start that created it was refused before it wrote more than its
+    ``config.yaml`` and lock (a refused start left a folder that looked like a run). Anything else
+    in it (a prepared data_cache a fixed re-run reuses, a user's file), or a lock this process does
+    not hold (another run that made the folder first), keeps the folder as it is."""
+    try:
+        if not set(os.listdir(out)) <= {"config.yaml", LOCK} or \
+                not (out / LOCK).read_text().startswith(f"pid {os.getpid()} "):
+            return False
+        for name in ("config.yaml", LOCK):
+            (out / name).unlink(missing_ok=True)
+        out.rmdir()
+    except OSError:
+        return False
+    return True
+
+
 def lock_output_dir(out: Path):
     """Create ``out`` and take an exclusive advisory lock on ``out/.lock`` for this process's
     life (the OS releases it on any exit, kill -9 included). Returns the open lock file; a

@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
+from pathlib import Path
 
+from ..checkpoint import remove_unstarted
 from ..config_io import describe, load_config
 from ..errors import EXIT_INTERRUPTED, UserError
 from ..interop.check import check_seed
@@ -40,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is None and not args.overrides:
         raise UserError("nothing to train: try `critic-pretrain demo` (the bundled sample and a tiny model), or pass "
                         "--config configs/<recipe>.yaml data.train=[/your/rollouts] (see critic-pretrain train --help)")
+    cfg = load_config(args.config, args.overrides)
+    fresh = not Path(cfg.output_dir).exists() and os.environ.get("RANK", "0") == "0"
     with contextlib.ExitStack() as cleanup:  # releases the output_dir lock however we leave
         try:
-            run = setup(load_config(args.config, args.overrides), cleanup)
+            try:
+                run = setup(cfg, cleanup)
+            except UserError:  # refused before step 0: leave no folder that looks like a run
+                if fresh:
+                    remove_unstarted(Path(cfg.output_dir))
+                raise
             with Preemption() as preempt:
                 code = train_loop(run, preempt)
         except KeyboardInterrupt:  # the second Ctrl-C
