@@ -396,7 +396,9 @@ class CheckpointConfig:
     always saved."""
     load_step: int | None = None
     """Resume from exactly this step (an error if it does not exist). Default: the newest
-    complete checkpoint in `output_dir`, or a fresh start when there is none."""
+    complete checkpoint in `output_dir`, or a fresh start when there is none. Steps after it
+    move to `output_dir/superseded/` (two trajectories never share the folder; nothing is
+    deleted), and re-running the same command continues the new branch."""
     keep_last: int | None = None
     """Keep only the newest k checkpoints (never deleting the one the run resumed from)."""
     keep_best: int | None = None

@@ -140,7 +140,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     lock = ckpt.lock_output_dir(out) if accelerator.is_main_process else None  # one run per output_dir, until exit
     if lock is not None and cleanup is not None:
         cleanup.callback(lock.close)
-    resume_dir, layout, config_changes, data_changes = resume.resume_point(cfg, layout)
+    resume_dir, layout, config_changes, data_changes = resume.resume_point(cfg, layout, accelerator.wait_for_everyone)
     if accelerator.is_main_process:
         write_config(cfg, out)
     from accelerate.utils import set_seed

@@ -175,6 +175,31 @@ def test_explicit_load_step(straight, toy_data, tmp_path, capsys):
     assert_same_weights(out / "step_12", straight / "step_12")
 
 
+def test_going_back_to_a_step_sets_the_newer_ones_aside_and_the_same_command_continues(straight, toy_data, tmp_path,
+                                                                                       monkeypatch):
+    """A new user's trial: load_step=200 in a folder holding step_300/307, Ctrl-C, then the same
+    command again. It went back to 200 a second time, retention deleted the step the Ctrl-C had
+    just saved (the old 300/307 counted as newest), and a plain re-run resumed the old trajectory
+    over the new one's metrics. Now the newer steps move to superseded/ (nothing deleted), the
+    re-run continues the branch, and the branch ends bit-identical to the straight run."""
+    out = tmp_path / "branch"
+    shutil.copytree(straight, out)  # steps 4, 8, 12
+    extra = {"data.max_tokens": 512, "eval.every": 4, "checkpoint.load_step": 4, "checkpoint.keep_last": 2}
+    monkeypatch.setenv("CRITIC_PRETRAIN_SIGNAL_AT_STEP", "6")
+    assert train(out, toy_data, **extra) == 75
+    (aside,) = (out / "superseded").iterdir()
+    assert aside.name.startswith("from_step_4_") and sorted(p.name for p in aside.iterdir()) == \
+        ["metrics.jsonl", "step_12", "step_8"]
+    assert sorted(ckpt.find_checkpoints(out)) == [4, 6]  # the step just saved is kept
+    monkeypatch.delenv("CRITIC_PRETRAIN_SIGNAL_AT_STEP")
+    assert train(out, toy_data, **extra) == 0  # the same command: continues from step_6, not from 4 again
+    assert len(list((out / "superseded").iterdir())) == 1
+    assert losses(out) == losses(straight)
+    assert_same_weights(out / "step_12", straight / "step_12")
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "train/loss" in r]
+    assert steps == list(range(1, 13))
+
+
 def test_incomplete_and_tmp_folders_are_ignored(straight, toy_data, tmp_path):
     out = tmp_path / "planted"
     shutil.copytree(straight, out)

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ..config import Config
 from ..data import Layout, file_manifest, source_files
 from ..errors import UserError
-from .layout import StepPaths, resolve_resume, step_number
+from .layout import StepPaths, resolve_resume, step_number, verify
 from .manifest import Manifest
 
 log = logging.getLogger(__name__)
@@ -182,11 +186,61 @@ def _file_changed(before: dict, now: dict) -> bool:
     return old != (now["fingerprint"] if old.startswith("v2:") else legacy_fingerprint(now["path"]))
 
 
-def resume_point(cfg: Config, layout: Layout) -> tuple[Path | None, Layout, list, list]:
+SUPERSEDED = "superseded"
+"""Where steps newer than ``checkpoint.load_step`` go when a run branches from it (nothing is deleted)."""
+
+
+def branch(out: Path, load_step: int | None) -> tuple[Path | None, list[Path]]:
+    """(the step to resume from, the newer steps a branch from ``load_step`` sets aside).
+
+    Going back to step N with steps after it on disk starts a second trajectory in the folder:
+    its saves would interleave with the old steps (retention then counts the old ones as newest
+    and deletes the new), and a later plain re-run would resume the old trajectory over the new
+    one's metrics. So the newer steps move to ``superseded/`` (``set_aside``). Re-running the same
+    command must continue, not branch again: when the newest step was itself saved by a run with
+    this ``load_step`` (its config.yaml), that step is the resume point."""
+    resume_dir = resolve_resume(out, load_step)
+    if load_step is None:
+        return resume_dir, []
+    newer = sorted((d for d in out.iterdir() if d.is_dir() and (step_number(d) or -1) > load_step), key=step_number)
+    complete = [d for d in newer if verify(d) is None]
+    if complete and _load_step_of(complete[-1]) == load_step:  # the newest was saved by this same command
+        log.info("checkpoint.load_step=%d: %s was saved by a run with the same load_step; continuing that branch",
+                 load_step, complete[-1].name)
+        return resolve_resume(out, step_number(complete[-1])), []
+    return resume_dir, newer
+
+
+def _load_step_of(step_dir: Path) -> int | None:
+    try:
+        return ((yaml.safe_load(StepPaths(step_dir).config_yaml.read_text()) or {}).get("checkpoint") or {}).get(
+            "load_step")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+
+
+def set_aside(out: Path, load_step: int, newer: list[Path]) -> Path:
+    """Move ``newer`` (and a copy of metrics.jsonl, whose lines after ``load_step`` the resumed run
+    drops) into ``out/superseded/from_step_<N>_<time>/``; main process, after every rank has
+    chosen its resume point."""
+    dest = out / SUPERSEDED / f"from_step_{load_step}_{time.strftime('%Y%m%d-%H%M%S')}"
+    dest.mkdir(parents=True, exist_ok=False)
+    if (out / "metrics.jsonl").is_file():
+        shutil.copy2(out / "metrics.jsonl", dest / "metrics.jsonl")
+    for d in newer:
+        d.rename(dest / d.name)
+    log.warning("checkpoint.load_step=%d: %s were newer, from another trajectory; moved to %s so the two do not mix "
+                "(nothing deleted; re-running this command continues the new branch)", load_step,
+                ", ".join(d.name for d in newer), dest)
+    return dest
+
+
+def resume_point(cfg: Config, layout: Layout, barrier=lambda: None) -> tuple[Path | None, Layout, list, list]:
     """(the step to resume from or None, the layout to train with, accepted config changes,
-    accepted data changes)."""
+    accepted data changes). ``barrier``: waits for every rank (a branch moves steps on the
+    main process once all have chosen theirs)."""
     out = Path(cfg.output_dir)
-    resume_dir = resolve_resume(out, cfg.checkpoint.load_step)
+    resume_dir, newer = branch(out, cfg.checkpoint.load_step)
     if resume_dir is None:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
         return None, layout, [], []
@@ -199,4 +253,10 @@ def resume_point(cfg: Config, layout: Layout) -> tuple[Path | None, Layout, list
         cfg.train.grad_accum = resumed_grad_accum(resume_dir, layout.world) or cfg.train.grad_accum
         layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
     check_layout(resume_dir, layout)
-    return resume_dir, layout, config_changes, check_data_changes(resume_dir, cfg.data)
+    data_changes = check_data_changes(resume_dir, cfg.data)
+    if newer:  # every check passed: only now is the folder rearranged
+        barrier()
+        if layout.rank == 0:
+            set_aside(out, cfg.checkpoint.load_step, newer)
+        barrier()
+    return resume_dir, layout, config_changes, data_changes
