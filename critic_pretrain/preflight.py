@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rollouts.paths import archive_folder
 from rollouts.provenance import RewardsLogged, collection, rewards_logged
 from rollouts.tokenizer import describe as describe_tokenizer
-from rollouts.tokenizer import differences as tokenizer_differences
+from rollouts.tokenizer import mismatch as tokenizer_mismatch
 from rollouts.tokenizer import recorded as tokenizer_recorded
 
 from .config import Config
@@ -28,18 +28,15 @@ log = logging.getLogger(__name__)
 
 
 def check_rollouts_tokenizer(specs: list, model_fp: dict | None, fix: str) -> None:
-    """Rollouts converted with ``--tokenizer`` record its fingerprint (``_rollouts.json``): stop
-    when the model's tokenizer (``model_fp``) has another vocabulary, wherever rollouts meet a
-    model (training, ``eval``, ``seed check --rollouts``). ``fix``: what to do instead."""
-    if model_fp is None:
-        return
+    """Rollouts converted with ``--tokenizer`` record its fingerprint (``_rollouts.json``), and
+    synthetic ones say so (``_synth.json``): stop when they cannot mean to the model's tokenizer
+    (``model_fp``) what they meant when written (``rollouts.tokenizer.mismatch``), wherever
+    rollouts meet a model (training, ``eval``, ``seed check --rollouts``, ``audit``). ``fix``:
+    what to do instead."""
     for spec in specs:
-        recorded_fp = tokenizer_recorded(archive_folder(spec))
-        errors = tokenizer_differences(recorded_fp, model_fp)[0] if recorded_fp else []
-        if errors:
-            what = errors[0].replace("the seed's", "the rollouts'")
-            raise UserError(f"{spec}: these rollouts were tokenized with another tokenizer than the model's (the "
-                            f"model's {what}); {fix}")
+        problem = tokenizer_mismatch(archive_folder(spec), model_fp)
+        if problem:
+            raise UserError(f"{spec}: {problem}; {fix}")
 
 
 def log_collections(specs: list) -> None:

@@ -63,7 +63,9 @@ def _add_check(rsub) -> None:
     p.add_argument("--max-problems", type=int, default=20, help="problem lines to print (default 20)")
     vocab = p.add_mutually_exclusive_group()
     vocab.add_argument("--vocab-size", type=int, metavar="N", help="token ids must be below N (the model's vocabulary)")
-    vocab.add_argument("--model", metavar="PATH", help="take --vocab-size from this model folder's config.json")
+    vocab.add_argument("--model", metavar="PATH",
+                       help="take --vocab-size from this model folder's config.json, and check the rollouts' recorded "
+                            "tokenizer (or synthetic origin) against the folder's tokenizer, as training does")
     p.set_defaults(func=run_check)
 
 
@@ -91,8 +93,9 @@ def run_check(args: argparse.Namespace) -> int:
         raise RolloutError(f"--vocab-size {vocab} must be > 0")
     reader = check(args.paths, on_bad=args.on_bad, quarantine=args.quarantine, vocab_size=vocab)
     summary = reader.summary
+    mismatches = tokenizer_mismatches(args.paths, args.model) if args.model else []
     if args.json:
-        print(json.dumps({"summary": summary.to_dict(),
+        print(json.dumps({"summary": summary.to_dict(), "tokenizer": mismatches,
                           "problems": [p.line() for p in reader.problems[: args.max_problems]]}, indent=2))
     else:
         print(summary.format())
@@ -105,9 +108,22 @@ def run_check(args: argparse.Namespace) -> int:
             if len(reader.problems) > args.max_problems:
                 print(f"  ... {len(reader.problems) - args.max_problems} more"
                       + (f" (all in {args.quarantine})" if args.quarantine else "; use --quarantine FILE for all"))
-        else:
+        for line in mismatches:
+            print(f"\ntokenizer: {line}")
+        if not reader.problems and not mismatches:
             print("\nno problems found")
-    return 1 if reader.problems else 0
+    return 1 if reader.problems or mismatches else 0
+
+
+def tokenizer_mismatches(paths: list[str], model: str) -> list[str]:
+    """``PATH: why`` for each archive whose tokens cannot mean to ``model``'s tokenizer what they
+    meant when written (``tokenizer.mismatch``: training refuses the same archives)."""
+    from .paths import archive_folder
+    from .tokenizer import fingerprint_of, mismatch
+
+    folder = Path(model)
+    fp = fingerprint_of(folder) if folder.is_dir() else None
+    return [f"{p}: {why}" for p in paths if (why := mismatch(archive_folder(p), fp))]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .provenance import read_manifest
+from .provenance import SYNTH_MANIFEST, read_manifest
 
 SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 
@@ -81,3 +81,31 @@ def recorded(folder: str | Path | None) -> dict | None:
     """The tokenizer fingerprint recorded with the rollouts in ``folder`` (``_rollouts.json``)."""
     fp = read_manifest(folder).get("tokenizer") if folder is not None else None
     return fp if isinstance(fp, dict) else None
+
+
+def mismatch(folder: str | Path | None, model_fp: dict | None) -> str | None:
+    """Why the rollouts in ``folder`` cannot meet a model whose tokenizer is ``model_fp``, or None:
+    a recorded tokenizer with another vocabulary, or synthetic rollouts (``rollouts synth``: ids
+    of a toy vocabulary with no text) given to a model with a real tokenizer, whose ids are all
+    in range and would pass every other check (a new user trained SmolLM2 on the bundled sample
+    and got "OK ... a valid critic seed"). None when either side records nothing."""
+    if model_fp is None or folder is None:
+        return None
+    fp = recorded(folder)
+    if fp is not None:
+        errors = differences(fp, model_fp)[0]
+        if not errors:
+            return None
+        what = errors[0].replace("the seed's", "the rollouts'")
+        return f"these rollouts were tokenized with another tokenizer than the model's (the model's {what})"
+    synth = Path(folder) / SYNTH_MANIFEST
+    if synth.is_file():
+        try:
+            vocab = json.loads(synth.read_text()).get("vocab_size")
+        except (OSError, ValueError, AttributeError):
+            vocab = None
+        ids = f"ids of a {vocab}-token toy vocabulary" if vocab else "ids of a toy vocabulary"
+        return (f"these are synthetic rollouts (rollouts synth, {SYNTH_MANIFEST}: {ids}, no text), and the model "
+                f"has a real tokenizer ({describe(model_fp)}): its tokens would read them as other text (synthetic "
+                "rollouts are for random-init models from model.config, as in the demo)")
+    return None

@@ -441,6 +441,48 @@ def test_convert_records_the_tokenizer_and_training_checks_it(tmp_path, capsys, 
                                                                    "checkpoint.save_every": 1})) == 0
 
 
+def test_synthetic_or_other_tokenizer_rollouts_are_refused_for_a_real_tokenizer(tmp_path, capsys, toy_data):
+    """A new user trained SmolLM2 on the bundled synthetic sample: its 512 toy ids are all in the
+    real vocabulary, so it trained and ended "OK ... a valid critic seed". Synthetic archives
+    (_synth.json) now meet only tokenizer-less (random-init) models, in training and in `rollouts
+    check --model`, which also checks a recorded tokenizer as training does (it only read the
+    vocabulary size)."""
+    import json as _json
+
+    from conftest import tiny_overrides, train_main
+    from test_interop_check import tiny_tokenizer
+
+    from rollouts.cli import main as rollouts_cli
+    from rollouts.provenance import ROLLOUTS_MANIFEST
+    cli = rollouts_cli  # noqa: F811 (the whole `rollouts` command: synth and check)
+    tok, other = tiny_tokenizer(tmp_path / "tok"), tiny_tokenizer(tmp_path / "other", shuffle=True)
+    (tok / "config.json").write_text(_json.dumps({"vocab_size": 600}))
+    assert cli(["synth", "--out", str(tmp_path / "synth"), "--rows", "40"]) == 0
+    capsys.readouterr()
+    assert train_main(tiny_overrides(tmp_path / "bad", tmp_path / "synth", **{"model.tokenizer": tok})) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "these are synthetic rollouts (rollouts synth, _synth.json: ids of a 512-token toy " \
+        "vocabulary, no text), and the model has a real tokenizer" in err[0], err
+    assert not (tmp_path / "bad").exists()
+    assert cli(["check", str(tmp_path / "synth"), "--model", str(tok)]) == 1
+    assert f"tokenizer: {tmp_path / 'synth'}: these are synthetic rollouts" in capsys.readouterr().out
+
+    data = tmp_path / "data"  # converted with `other`, recorded in _rollouts.json
+    shutil.copytree(toy_data, data)
+    (data / ROLLOUTS_MANIFEST).write_text(_json.dumps({"tokenizer": fingerprint_of_folder(other)}))
+    assert cli(["check", str(data), "--model", str(tok)]) == 1
+    assert "tokenized with another tokenizer than the model's" in capsys.readouterr().out
+    (data / ROLLOUTS_MANIFEST).write_text(_json.dumps({"tokenizer": fingerprint_of_folder(tok)}))
+    assert cli(["check", str(data), "--model", str(tok)]) == 0
+    assert "no problems found" in capsys.readouterr().out
+    assert cli(["check", str(tmp_path / "synth"), "--vocab-size", "600"]) == 0  # no tokenizer: nothing to compare
+
+
+def fingerprint_of_folder(folder):
+    from rollouts.tokenizer import fingerprint_of
+    return fingerprint_of(folder)
+
+
 # --- padded dumps ------------------------------------------------------------------------------
 
 PADDED = [{"prompt": [511, 511, 1, 2, 3], "response": [10, 511, 511, 511], "mask": [0, 0, 1, 1, 1, 1, 0, 0, 0],
