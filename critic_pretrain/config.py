@@ -8,6 +8,7 @@ Reading YAML, dotted ``key=value`` overrides, type coercion and the docs/config.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -142,6 +143,17 @@ class DataConfig:
     allow_changes: bool = False
     """On resume, accept rollout files that changed since the checkpoint (added, removed or
     modified); the change is recorded in the next checkpoints' manifests. Off: stop."""
+
+    def absolute_paths(self) -> None:
+        """`train` and `val` as absolute paths, in place (`builtin:`, `hf:` and dataset objects as
+        they are): the run's config.yaml, which `eval` and `report` read to find its held-out
+        rollouts, then names them from any folder (relative ones failed outside the one the run
+        was started in). `sources` keep their paths: they are compared on resume as written."""
+        def absolute(spec):
+            if not isinstance(spec, str) or spec.startswith(("builtin:", "hf:")) or "://" in spec:
+                return spec
+            return os.path.abspath(os.path.expanduser(spec))
+        self.train, self.val = [absolute(s) for s in self.train], [absolute(s) for s in self.val]
 
     def all_sources(self) -> list[SourceConfig]:
         """`train` as one plain source, then `sources`."""

@@ -141,6 +141,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     if lock is not None and cleanup is not None:
         cleanup.callback(lock.close)
     resume_dir, layout, config_changes, data_changes = resume.resume_point(cfg, layout, accelerator.wait_for_everyone)
+    cfg.data.absolute_paths()  # the config.yaml written next names its rollouts from any folder (eval, report)
     if accelerator.is_main_process:
         write_config(cfg, out)
     from accelerate.utils import set_seed

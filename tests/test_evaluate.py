@@ -240,6 +240,28 @@ def test_eval_cli_on_validation_split_matches_training(run_dir, tmp_path, capsys
         assert ev["metrics"][f"eval/{key}"] == pytest.approx(logged[f"val/{key}"], rel=1e-5), key
 
 
+def test_a_run_started_with_relative_data_paths_evaluates_from_any_folder(toy_data, tmp_path, monkeypatch, capsys):
+    """A new user trained from the repository root with data.train=[examples/...] and ran `eval
+    STEP` from another folder: "examples/smollm2/rollouts: no such file or folder", a path they
+    never typed (the run's config.yaml kept it relative). The written config names it absolute."""
+    import yaml
+
+    from conftest import train_main
+    shutil.copytree(toy_data, tmp_path / "start" / "data")
+    monkeypatch.chdir(tmp_path / "start")
+    assert train_main(tiny_overrides(Path("run"), Path("data"), **{"train.max_steps": 2,
+                                                                    "checkpoint.save_every": 2})) == 0
+    written = yaml.safe_load((tmp_path / "start" / "run" / "step_2" / "config.yaml").read_text())["data"]
+    assert written["train"] == [str(tmp_path / "start" / "data")]
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert cli.main(["eval", "start/run/step_2", "--out", str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["data"]["rows"] > 0
+    monkeypatch.chdir(tmp_path / "start")  # and the same command resumes where it began
+    assert train_main(tiny_overrides(Path("run"), Path("data"), **{"train.max_steps": 2,
+                                                                    "checkpoint.save_every": 2})) == 0
+
+
 def test_eval_cli_on_other_rollouts_default_out(run_dir, toy_data, capsys):
     assert cli.main(["eval", str(run_dir / "step_4"), "--rollouts", str(toy_data), "--max-tokens", "600"]) == 0
     written = Path(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("wrote "))
