@@ -245,7 +245,6 @@ def test_a_run_started_with_relative_data_paths_evaluates_from_any_folder(toy_da
     STEP` from another folder: "examples/smollm2/rollouts: no such file or folder", a path they
     never typed (the run's config.yaml kept it relative). The written config names it absolute."""
     import yaml
-
     from conftest import train_main
     shutil.copytree(toy_data, tmp_path / "start" / "data")
     monkeypatch.chdir(tmp_path / "start")
