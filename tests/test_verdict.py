@@ -249,6 +249,12 @@ def test_too_few_prompts_is_unknown():
     v = verdict.judge(rows, np.zeros(3, np.int64), np.array([0.0, 1.0, 1.0]), np.zeros(3), grouped=True)
     assert v.call == "unknown" and "more rollouts" in v.line()
     assert math.isnan(v.metrics("val")["val/verdict"])
+    # 2 prompts: a bootstrap over them has 3 distinct resamples, a bound equal to the estimate: no call
+    rng = np.random.default_rng(1)
+    rows = rng.random((8, verdict.N_FIELDS)) + 1
+    rows[:, verdict.MEASURED] = 1
+    v = verdict.judge(rows, np.repeat(np.arange(2), 4), rng.random(8), rng.random(8), grouped=True)
+    assert v.call == "unknown" and v.groups == 2 and "(8 rollouts, 2 prompts)" in v.line()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,7 +390,7 @@ def test_a_verdict_over_few_prompts_says_its_intervals_are_optimistic(tmp_path):
     from critic_pretrain.commands.train import verdict_lines
 
     rng = np.random.default_rng(1)
-    for groups, noted in ((2, True), (verdict.FEW_PROMPTS - 1, True), (verdict.FEW_PROMPTS, False)):
+    for groups, noted in ((verdict.MIN_PROMPTS, True), (verdict.FEW_PROMPTS - 1, True), (verdict.FEW_PROMPTS, False)):
         rows = rng.random((4 * groups, verdict.N_FIELDS)) + 1
         rows[:, verdict.MEASURED] = 1
         v = verdict.judge(rows, np.repeat(np.arange(groups), 4), rng.random(4 * groups), rng.random(4 * groups),

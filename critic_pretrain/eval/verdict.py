@@ -72,11 +72,15 @@ PLATEAU_PAIRS = 100
 """Sibling pairs below which ``plateau_note`` says nothing: too few to tell chance from a weak critic."""
 
 
+MIN_PROMPTS = 3
+"""Fewer prompts get no call (unknown): over 2 a percentile bootstrap has 3 distinct resamples and
+a bound equals the estimate, so "helps (0.059 [0.059, 0.313])" was a call the interval could not
+support (two new-user trials read it as one)."""
 FEW_PROMPTS = 10
 """Below this many prompts the line says its intervals are too narrow: a percentile bootstrap over
-few clusters understates their spread (over 2 prompts there are 3 distinct resamples, and a bound
-can equal the estimate). The call stands, with the note: on the real SmolLM2 sample 6 new prompts
-gave **helps** and the audit against the policy's own Monte-Carlo values agreed (bench/verdict_proof.json)."""
+few clusters understates their spread. The call stands, with the note: on the real SmolLM2 sample
+6 new prompts gave **helps** and the audit against the policy's own Monte-Carlo values agreed
+(bench/verdict_proof.json)."""
 
 
 def few_prompts_note(groups: int) -> str | None:
@@ -301,7 +305,7 @@ def judge(rows: np.ndarray, group: np.ndarray, outcome: np.ndarray, baseline: np
     _, group = np.unique(group, return_inverse=True)
     n_groups = int(group.max()) + 1 if len(group) else 0
     nan = Interval(math.nan, math.nan, math.nan)
-    if n_groups < 2 or rows[:, N].sum() <= 0:
+    if n_groups < MIN_PROMPTS or rows[:, N].sum() <= 0:
         return Verdict("unknown", base, nan, nan, nan, [nan] * QUARTERS, 0, None, nan, n_groups, int(keep.sum()))
     per_group = np.zeros((n_groups, N_FIELDS))
     np.add.at(per_group, group, rows)
