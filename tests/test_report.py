@@ -215,3 +215,11 @@ def test_report_picks_no_recipe_when_none_beats_a_baseline(toy_data, tmp_path):
     _, text = write_report([tmp_path / "a", tmp_path / "b"], tmp_path / "r", evaluate=False)
     assert "Recipe choice: none: no run's final validation EV beats" in text
     assert "Recipe choice without an oracle" not in text
+
+
+def test_a_run_that_never_learned_is_not_called_over_trained():
+    """A 20-step run (a new user's trial): validation loss 0.2955, 0.2901, 0.2992 is noise around
+    the untrained model, not over-training; the demo-like curve still is."""
+    assert not report.regressed(np.array([0.2955, 0.2901, 0.2992]))
+    assert report.regressed(np.array(VAL_LOSS))
+    assert report.regressed(np.array([0.2955, 0.1181, 0.1391]))  # the demo's first, best and last
