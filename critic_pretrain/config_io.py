@@ -102,6 +102,22 @@ def apply_override(raw: dict, item: str) -> None:
     node[keys[-1]] = value
 
 
+# Names other trainers use for our keys (HF TrainingArguments, NeMo-RL, verl): a spelling-based
+# did-you-mean sent `optim.learning_rate` to `optim.min_lr`.
+SYNONYMS = {"learning_rate": "lr", "min_learning_rate": "min_lr", "lr_min": "min_lr", "warmup": "warmup_steps",
+            "num_warmup_steps": "warmup_steps", "steps": "max_steps", "total_steps": "max_steps",
+            "num_steps": "max_steps", "gradient_accumulation_steps": "grad_accum", "max_grad_norm": "grad_clip",
+            "clip_grad": "grad_clip", "save_steps": "save_every", "eval_steps": "every", "lambda": "lam",
+            "gae_lambda": "lam", "discount": "gamma", "gae_gamma": "gamma", "lr_scheduler_type": "schedule"}
+
+
+def _unknown_key(prefix: str, key: str, names: set[str]) -> str:
+    """The one line for an unknown key: a known synonym first, else the closest spelling."""
+    if SYNONYMS.get(key) in names:
+        return f"unknown config key '{prefix}{key}'; did you mean '{prefix}{SYNONYMS[key]}'?"
+    return f"unknown config key '{prefix}{key}'; {did_you_mean(f'{prefix}{key}', (prefix + n for n in names))}"
+
+
 def _build(cls, raw: Any, prefix: str):
     if not isinstance(raw, dict):
         raise UserError(f"config key '{prefix.rstrip('.')}' must be a mapping, got {raw!r}")
@@ -109,8 +125,7 @@ def _build(cls, raw: Any, prefix: str):
     names = {f.name for f in dataclasses.fields(cls)}
     for k in raw:
         if k not in names:
-            raise UserError(f"unknown config key '{prefix}{k}'; "
-                            f"{did_you_mean(f'{prefix}{k}', (prefix + n for n in names))}")
+            raise UserError(_unknown_key(prefix, k, names))
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in raw:

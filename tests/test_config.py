@@ -30,6 +30,9 @@ def test_config_overrides_and_errors(tmp_path):
                      ("data.length_warmup_hold=5", "the hold is part of the warm-up"),
                      ("train.grad_accum=two", "must be an integer"),
                      ("nokey", "is not key=value"),
+                     ("optim.learning_rate=1e-4", "did you mean 'optim.lr'?"),  # a synonym, not optim.min_lr
+                     ("train.gradient_accumulation_steps=4", "did you mean 'train.grad_accum'?"),
+                     ("targets.gae_lambda=0.9", "did you mean 'targets.lam'?"),
                      ("optim.lr=1e-4", "optim.min_lr=0.0003 must be in")]:
         with pytest.raises(UserError, match=msg):
             load_config("configs/demo.yaml", [bad])
