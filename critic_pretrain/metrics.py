@@ -277,6 +277,8 @@ class LogProgress:
         self.total, self.every_s, self.clock = total, every_s, clock
         self.t0 = self.last = clock()
         self.postfix: dict[str, str] = {}
+        self.postfix_step = start
+        """The step the postfix (the last train record) is from: a line between log steps says so."""
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -285,6 +287,7 @@ class LogProgress:
 
     def set_postfix(self, **values: str) -> None:
         self.postfix.update(values)
+        self.postfix_step = self.n
 
     def close(self) -> None:
         if self.n != self.logged:
@@ -294,8 +297,9 @@ class LogProgress:
         now = self.clock()
         rate = (self.n - self.start) / max(now - self.t0, 1e-9)
         eta = (self.total - self.n) / rate if rate > 0 else math.inf
+        stale = [f"(logged at step {self.postfix_step})"] if self.postfix and self.postfix_step != self.n else []
         parts = [f"step {self.n}/{self.total} ({100 * self.n / max(self.total, 1):.0f}%)",
-                 *(f"{k}={v}" for k, v in self.postfix.items()), f"{rate:.3g} steps/s",
+                 *(f"{k}={v}" for k, v in self.postfix.items()), *stale, f"{rate:.3g} steps/s",
                  f"ETA {_duration(eta)}" if self.n < self.total else "done"]
         return "  ".join(parts)
 

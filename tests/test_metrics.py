@@ -32,9 +32,15 @@ def test_log_progress_writes_a_line_every_interval_with_eta(caplog):
         for _ in range(20):  # crosses 30 s: one line
             clock.t += 0.5
             bar.update(1)
-        assert caplog.messages == ["step 160/600 (27%)  loss=0.12  ev=0.500  2 steps/s  ETA 3m40s"]
+        # the numbers are the last train record's, from step 150: a line between log steps says so
+        assert caplog.messages == ["step 160/600 (27%)  loss=0.12  ev=0.500  (logged at step 150)  2 steps/s  "
+                                   "ETA 3m40s"]
+        for _ in range(10):
+            clock.t += 0.5
+            bar.update(1)
+        bar.set_postfix(loss="0.11", ev="0.520")
         bar.close()
-        assert caplog.messages[-1].startswith("step 170/600 (28%)")
+        assert caplog.messages[-1].startswith("step 170/600 (28%)  loss=0.11  ev=0.520  2 steps/s")
         bar.close()  # nothing new: no repeated line
         assert len(caplog.messages) == 2
 
