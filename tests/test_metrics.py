@@ -40,7 +40,7 @@ def test_log_progress_writes_a_line_every_interval_with_eta(caplog):
             bar.update(1)
         bar.set_postfix(loss="0.11", ev="0.520")
         bar.close()
-        assert caplog.messages[-1].startswith("step 170/600 (28%)  loss=0.11  ev=0.520  2 steps/s")
+        assert caplog.messages[-1].startswith("step 180/600 (30%)  loss=0.11  ev=0.520  2 steps/s")
         bar.close()  # nothing new: no repeated line
         assert len(caplog.messages) == 2
 
