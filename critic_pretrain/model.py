@@ -41,6 +41,10 @@ def build_config(cfg: ModelConfig, *, saved: bool = False) -> PretrainedConfig:
     class does not declare, e.g. a GGUF-built Llama's ``unk_token_id``)."""
     overrides = dict(cfg.config or {})
     if cfg.name_or_path:
+        if str(cfg.name_or_path).lower().endswith(".gguf"):  # transformers reads it, but we save plain folders
+            raise UserError(f"model.name_or_path={cfg.name_or_path!r} is a GGUF file; pass a model folder: build one "
+                            "from it with transformers (from_pretrained(folder, gguf_file=...), then save_pretrained; "
+                            "examples/smollm2/model.py does this for SmolLM2)")
         try:
             config = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
         except (OSError, ValueError) as e:

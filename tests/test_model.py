@@ -115,6 +115,9 @@ def test_missing_model_is_one_line_error(tmp_path):
     from critic_pretrain.errors import UserError
     with pytest.raises(UserError, match="cannot read its config"):
         build_value_model(ModelConfig(name_or_path=str(tmp_path / "nope")))
+    (tmp_path / "m.Q4_1.gguf").write_bytes(b"GGUF")  # a GGUF file where a folder goes: say how to make one
+    with pytest.raises(UserError, match=r"is a GGUF file; pass a model folder: .*examples/smollm2/model.py"):
+        build_value_model(ModelConfig(name_or_path=str(tmp_path / "m.Q4_1.gguf")))
 
 
 @pytest.mark.gpu
