@@ -61,8 +61,9 @@ def resolve(specs: str | os.PathLike | Iterable[str | os.PathLike],
                 raise RolloutError(f"{s}: the pattern matches no file; check the path and quote the glob")
         else:
             p = Path(s).expanduser()
-            if not p.exists():
-                raise RolloutError(f"{s}: no such file or folder; check the path")
+            if not p.exists():  # a relative path from a config file is read from the current folder: say which
+                where = "" if p.is_absolute() else f" (relative to the current folder, {os.getcwd()})"
+                raise RolloutError(f"{s}: no such file or folder{where}; check the path")
             matches = [p]
         found: list[Path] = []
         for m in matches:
