@@ -119,6 +119,10 @@ def test_greedy_audit_matches_a_per_state_loop(world, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "estimate: the first batch of 3 states took" in printed and "vLLM is not installed" in printed
     assert {r["regime"] for r in res["rows"]} == {"prompt", "response"}  # both held-out regimes, nothing trained on
+    n = {k: sum(r["regime"] == k for r in res["rows"]) for k in ("prompt", "response")}
+    assert (f"audit: 8 held-out rollouts ({n['prompt']} of prompts it never trained on, {n['response']} of fresh "
+            "responses to prompts it trained on)" in printed or f"audit: 8 held-out rollouts ({n['response']} of fresh "
+            f"responses to prompts it trained on, {n['prompt']} of prompts it never trained on)" in printed), printed
     tok = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
     critic = load_checkpoint_model(step, load_config(ckpt.StepPaths(step).config_yaml), torch.device("cpu"))

@@ -51,6 +51,13 @@ def test_changed_archive_stops_resume_unless_allowed(tmp_path, capsys):
     assert train_main(tiny_overrides(out, data, **{"train.max_steps": 6, **steps, "data.allow_changes": True})) == 0
     changes = json.loads((out / "step_6" / ckpt.MANIFEST).read_text())["data"]["changes"]
     assert changes[0]["at_step"] == 4 and len(changes[0]["added"]) == 1 and len(changes[0]["modified"]) == 1
+    (data / "moved").mkdir()  # a shard moved: added and removed share a name, so the line gives paths
+    first = sorted(data.glob("*.parquet"))[0]
+    first.rename(data / "moved" / first.name)
+    capsys.readouterr()
+    assert train_main(tiny_overrides(out, data, **{"train.max_steps": 8, **steps})) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"1 added ({data / 'moved' / first.name}); 1 removed ({first})" in err, err
 
 
 # --- bad data at scale ---------------------------------------------------------------------

@@ -162,7 +162,9 @@ def check_data_changes(step_dir: Path, data_cfg) -> list[dict]:
     modified = sorted(p for p in now.keys() & before.keys() if _file_changed(before[p], now[p]))
     if not (added or removed or modified):
         return history
-    parts = [f"{len(v)} {k} ({', '.join(Path(p).name for p in v[:3])}{', ...' if len(v) > 3 else ''})"
+    listed = [p for v in (added, removed, modified) for p in v[:3]]
+    unique = len({Path(p).name for p in listed}) == len(listed)  # part-00000.parquet added and removed: full paths
+    parts = [f"{len(v)} {k} ({', '.join(Path(p).name if unique else p for p in v[:3])}{', ...' if len(v) > 3 else ''})"
              for k, v in (("added", added), ("removed", removed), ("modified", modified)) if v]
     what = f"the rollout files changed since {step_dir.name} was saved: {'; '.join(parts)}"
     if not data_cfg.allow_changes:

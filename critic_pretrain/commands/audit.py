@@ -9,6 +9,7 @@ import logging
 import time
 from pathlib import Path
 
+from ..data import REGIMES
 from ..errors import UserError
 from ..eval import audit
 from ..eval.from_checkpoint import write_json
@@ -74,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         for ro in setup.rollouts:
             regimes[ro.regime] = regimes.get(ro.regime, 0) + 1
         s = setup.sampling
-        print(f"audit: {len(setup.rollouts)} held-out rollouts ({', '.join(f'{n} {r}' for r, n in regimes.items())}) "
+        # "6 of prompts it never trained on": the regime's own words, not its key ("6 prompt")
+        kinds = ", ".join(f"{n} of {REGIMES.get(r, r)}" for r, n in regimes.items())
+        print(f"audit: {len(setup.rollouts)} held-out rollouts ({kinds}) "
               f"x up to {args.cuts} cuts, {len(setup.jobs)} states to sample, {setup.samples} continuation(s) each of "
               f"at most {s.max_new_tokens} tokens (temperature {s.temperature:g}, top-p {s.top_p:g})"
               + (f" with {setup.sampler.name}" if setup.sampler else ""))
