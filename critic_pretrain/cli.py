@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from rollouts.cli import run_command
@@ -60,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if not sys.stderr.isatty():  # a log file: no redrawn bars from transformers' weight loading (the hub's switch)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     return run_command(_dispatch, argv)
 
 

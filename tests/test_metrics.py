@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import subprocess
 import sys
 
@@ -67,3 +68,19 @@ def test_a_run_logged_to_a_file_has_no_redraws(toy_data, tmp_path):
     assert rc == 0, text[-2000:]
     assert "\r" not in text
     assert "step 12/12 (100%)" in text and "done" in text
+
+
+def test_no_hub_progress_bars_in_a_log_file(monkeypatch, capsys):
+    """transformers' "Loading weights" bar wrote its redraws into non-terminal logs (a new user's
+    SLURM-style log): the CLI turns the hub's bars off when stderr is not a terminal, and only then."""
+    from critic_pretrain.cli import main
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stderr, off in ((io.StringIO(), True), (Tty(), False)):
+        monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+        monkeypatch.setattr(sys, "stderr", stderr)
+        assert main(["rollouts", "schema"]) == 0
+        assert (os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "1") is off
