@@ -92,10 +92,25 @@ def fsync_tree(root: str | os.PathLike) -> None:
         fsync_dir(d)
 
 
+def umask_modes(root: str | os.PathLike) -> None:
+    """Give every file under ``root`` the mode a plain ``open`` would (0666 less the umask).
+    safetensors 0.8 writes 0600 files (an atomic temp file), so a checkpoint's weights were
+    private while its JSON next to them was not: a PPO job run by a teammate could read the
+    manifest and not the critic."""
+    mask = os.umask(0)
+    os.umask(mask)  # read back: there is no os.getumask before Python 3.13
+    mode = 0o666 & ~mask
+    for f in Path(root).rglob("*"):
+        if f.is_file() and not f.is_symlink() and (f.stat().st_mode & 0o777) != mode:
+            f.chmod(mode)
+
+
 def replace_dir(tmp: str | os.PathLike, final: str | os.PathLike, old: str | os.PathLike | None = None) -> None:
-    """Put the finished folder ``tmp`` at ``final`` by rename. An existing ``final`` is first
-    renamed to ``old`` (default ``.<name>.old``), never deleted before the new one is in place."""
+    """Put the finished folder ``tmp`` at ``final`` by rename, its files readable as the umask
+    allows (``umask_modes``). An existing ``final`` is first renamed to ``old`` (default
+    ``.<name>.old``), never deleted before the new one is in place."""
     tmp, final = Path(tmp), Path(final)
+    umask_modes(tmp)
     if final.exists():
         old = Path(old) if old is not None else final.with_name(f".{final.name}.old")
         shutil.rmtree(old, ignore_errors=True)

@@ -200,6 +200,19 @@ def test_going_back_to_a_step_sets_the_newer_ones_aside_and_the_same_command_con
     assert steps == list(range(1, 13))
 
 
+def test_checkpoint_files_are_readable_as_the_umask_allows(straight):
+    """safetensors 0.8 writes 0600 files: the weights were private while the JSON beside them was
+    0644, so a PPO job of a teammate could read the manifest and not the critic. Every file of a
+    published step (and of an export: the same replace_dir) now has the mode open() would give."""
+    import os
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {str(f.relative_to(straight)): f.stat().st_mode & 0o777 for f in (straight / "step_12").rglob("*")
+             if f.is_file()}
+    assert any(name.endswith(".safetensors") for name in modes)
+    assert set(modes.values()) == {0o666 & ~mask}, modes
+
+
 def test_incomplete_and_tmp_folders_are_ignored(straight, toy_data, tmp_path):
     out = tmp_path / "planted"
     shutil.copytree(straight, out)
