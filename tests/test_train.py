@@ -204,7 +204,6 @@ def test_checkpoint_files_are_readable_as_the_umask_allows(straight):
     """safetensors 0.8 writes 0600 files: the weights were private while the JSON beside them was
     0644, so a PPO job of a teammate could read the manifest and not the critic. Every file of a
     published step (and of an export: the same replace_dir) now has the mode open() would give."""
-    import os
     mask = os.umask(0)
     os.umask(mask)
     modes = {str(f.relative_to(straight)): f.stat().st_mode & 0o777 for f in (straight / "step_12").rglob("*")
