@@ -34,7 +34,9 @@ SHIPPED_TARGETS = ["targets.lam=0.98", "targets.values_from=critic", "train.roll
 def overrides(model: Path, env: str, steps: int) -> list[str]:
     """The backbone's run: the shipped targets on CONFIG, evaluated, saved and ranked every 50 steps."""
     every = max(1, min(50, steps))
-    return [f"model.name_or_path={model}", *SHIPPED_TARGETS, f"train.max_steps={steps}", "data.val_fraction=0.1",
+    # synthetic ids on a real tokenizer's backbone, on purpose: the probe is the backbone as a sequence model
+    return [f"model.name_or_path={model}", "data.synthetic_on_pretrained=true", *SHIPPED_TARGETS,
+            f"train.max_steps={steps}", "data.val_fraction=0.1",
             "data.max_tokens=4096", *R.env_overrides(env), f"eval.every={every}", f"checkpoint.save_every={every}",
             "checkpoint.keep_best=1", "checkpoint.keep_last=1", "train.log_every=10"]
 

@@ -143,6 +143,12 @@ class DataConfig:
     allow_changes: bool = False
     """On resume, accept rollout files that changed since the checkpoint (added, removed or
     modified); the change is recorded in the next checkpoints' manifests. Off: stop."""
+    synthetic_on_pretrained: bool = False
+    """Accept synthetic rollouts (`rollouts synth`: toy token ids, no text) with a model that has
+    a real tokenizer. Off: refused, since the model reads them as other text and the seed is no
+    critic of its real rollouts. On: to probe a pretrained backbone as a sequence model on the
+    synthetic credit structures (bench/backbone_envs.py); eval and seed check of such a
+    checkpoint accept them too."""
 
     def absolute_paths(self) -> None:
         """`train` and `val` as absolute paths, in place (`builtin:`, `hf:` and dataset objects as

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from rollouts.paths import archive_folder
 from rollouts.provenance import RewardsLogged, collection, rewards_logged
 from rollouts.tokenizer import describe as describe_tokenizer
+from rollouts.tokenizer import is_synthetic
 from rollouts.tokenizer import mismatch as tokenizer_mismatch
 from rollouts.tokenizer import recorded as tokenizer_recorded
 
@@ -27,16 +28,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def check_rollouts_tokenizer(specs: list, model_fp: dict | None, fix: str) -> None:
+def check_rollouts_tokenizer(specs: list, model_fp: dict | None, fix: str, *, synthetic_ok: bool = False) -> None:
     """Rollouts converted with ``--tokenizer`` record its fingerprint (``_rollouts.json``), and
     synthetic ones say so (``_synth.json``): stop when they cannot mean to the model's tokenizer
     (``model_fp``) what they meant when written (``rollouts.tokenizer.mismatch``), wherever
     rollouts meet a model (training, ``eval``, ``seed check --rollouts``, ``audit``). ``fix``:
-    what to do instead."""
+    what to do instead. ``synthetic_ok``: ``data.synthetic_on_pretrained`` (a backbone probed on
+    synthetic credit structures)."""
     for spec in specs:
-        problem = tokenizer_mismatch(archive_folder(spec), model_fp)
+        folder = archive_folder(spec)
+        if synthetic_ok and is_synthetic(folder):
+            continue
+        problem = tokenizer_mismatch(folder, model_fp)
         if problem:
-            raise UserError(f"{spec}: {problem}; {fix}")
+            probe = ("; to probe a pretrained backbone on synthetic rollouts on purpose, set "
+                     "data.synthetic_on_pretrained=true") if is_synthetic(folder) else ""
+            raise UserError(f"{spec}: {problem}; {fix}{probe}")
 
 
 def log_collections(specs: list) -> None:

@@ -213,7 +213,7 @@ def prepare_data(cfg: Config, accelerator, hf_config, layout: Layout, resume_dir
     train_specs = [p for src in cfg.data.all_sources() for p in src.paths]
     preflight.check_rollouts_tokenizer(train_specs + list(cfg.data.val or []), tokenizer_fp,
                                        "train with that tokenizer's model (model.tokenizer / model.name_or_path) "
-                                       "or re-tokenize the rollouts")
+                                       "or re-tokenize the rollouts", synthetic_ok=cfg.data.synthetic_on_pretrained)
     rewards_logged = preflight.archive_rewards(train_specs)
     if rewards_logged is not None:
         log.info("rewards in the rollouts: logged as %s of the raw ones (%s)", rewards_logged.formula(),

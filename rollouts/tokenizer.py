@@ -99,7 +99,7 @@ def mismatch(folder: str | Path | None, model_fp: dict | None) -> str | None:
         what = errors[0].replace("the seed's", "the rollouts'")
         return f"these rollouts were tokenized with another tokenizer than the model's (the model's {what})"
     synth = Path(folder) / SYNTH_MANIFEST
-    if synth.is_file():
+    if is_synthetic(folder):
         try:
             vocab = json.loads(synth.read_text()).get("vocab_size")
         except (OSError, ValueError, AttributeError):
@@ -109,3 +109,8 @@ def mismatch(folder: str | Path | None, model_fp: dict | None) -> str | None:
                 f"has a real tokenizer ({describe(model_fp)}): its tokens would read them as other text (synthetic "
                 "rollouts are for random-init models from model.config, as in the demo)")
     return None
+
+
+def is_synthetic(folder: str | Path | None) -> bool:
+    """Whether ``folder`` holds ``rollouts synth``'s output (its manifest), toy ids with no text."""
+    return folder is not None and (Path(folder) / SYNTH_MANIFEST).is_file()

@@ -449,7 +449,7 @@ def test_synthetic_or_other_tokenizer_rollouts_are_refused_for_a_real_tokenizer(
     vocabulary size)."""
     import json as _json
 
-    from conftest import tiny_overrides, train_main
+    from conftest import TINY_MODEL, tiny_overrides, train_main
     from test_interop_check import tiny_tokenizer
 
     from rollouts.cli import main as rollouts_cli
@@ -464,6 +464,11 @@ def test_synthetic_or_other_tokenizer_rollouts_are_refused_for_a_real_tokenizer(
     assert len(err) == 1 and "these are synthetic rollouts (rollouts synth, _synth.json: ids of a 512-token toy " \
         "vocabulary, no text), and the model has a real tokenizer" in err[0], err
     assert not (tmp_path / "bad").exists()
+    assert err[0].endswith("set data.synthetic_on_pretrained=true")  # a backbone probe asks for it by name
+    assert train_main(tiny_overrides(tmp_path / "probe", tmp_path / "synth", **{
+        "model.tokenizer": tok, "data.synthetic_on_pretrained": True, "train.max_steps": 1,
+        "model.config": _json.dumps({**TINY_MODEL, "vocab_size": 600}), "checkpoint.save_every": 1})) == 0
+    capsys.readouterr()
     assert cli(["check", str(tmp_path / "synth"), "--model", str(tok)]) == 1
     assert f"tokenizer: {tmp_path / 'synth'}: these are synthetic rollouts" in capsys.readouterr().out
 

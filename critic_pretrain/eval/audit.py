@@ -456,7 +456,8 @@ def prepare(step_dir: str | Path, policy: str, reward: str, rollouts: list[str] 
     tokenizer = load_tokenizer(policy)
     specs = list(rollouts) if rollouts else [p for src in cfg.data.all_sources() for p in src.paths]
     preflight.check_rollouts_tokenizer(specs, fingerprint(tokenizer),
-                                       "pass the policy that sampled these rollouts (--policy)")
+                                       "pass the policy that sampled these rollouts (--policy)",
+                                       synthetic_ok=cfg.data.synthetic_on_pretrained)
     sampling = Sampling.of(recorded_generation(specs), temperature=temperature, top_p=top_p,
                            max_new_tokens=max_new_tokens, seed=seed)
     configs = checkpoint_model_config(step_dir, cfg)

@@ -242,7 +242,8 @@ def _rows_to_evaluate(step_dir: Path, cfg, manifest: ckpt.Manifest, rollouts: li
     from ..data import build_train_data, prepare_store
     if rollouts:
         preflight.check_rollouts_tokenizer(list(rollouts), manifest.tokenizer,
-                                           "evaluate on rollouts of the critic's own tokenizer")
+                                           "evaluate on rollouts of the critic's own tokenizer",
+                                           synthetic_ok=cfg.data.synthetic_on_pretrained)
         where = cache_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="critic-eval-"))
         store = prepare_store(list(rollouts), where, cfg.data, cfg.targets, name="eval", vocab_size=vocab_size)
         trained = ckpt.StepPaths(step_dir).read_trained() if leave_out_trained else None

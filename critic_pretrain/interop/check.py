@@ -147,6 +147,15 @@ def oracle_rule(ev: dict) -> dict | None:
     return {"critic": critic, "group_mean": control, "tokens": n, "beats": beats_with_oracle(critic, control, n)}
 
 
+def _synthetic_ok(step_dir: Path) -> bool:
+    """Whether the checkpoint was trained with ``data.synthetic_on_pretrained`` (its config.yaml)."""
+    from ..config_io import load_config
+    try:
+        return load_config(ckpt.StepPaths(step_dir).config_yaml).data.synthetic_on_pretrained
+    except UserError:
+        return False
+
+
 def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> None:
     """Will the critic help PPO on the current policy's rollouts? (``eval.verdict``)
 
@@ -163,7 +172,7 @@ def check_quality(report: SeedReport, step_dir: Path, rollouts: list[str]) -> No
     try:  # evaluate_checkpoint refuses them too; here it is a failed check, not an aborted one
         preflight.check_rollouts_tokenizer(rollouts, getattr(ckpt.Manifest.read(step_dir), "tokenizer", None),
                                            "check the seed on rollouts of its own tokenizer, or retrain it with "
-                                           "the policy's tokenizer")
+                                           "the policy's tokenizer", synthetic_ok=_synthetic_ok(step_dir))
     except UserError as e:
         report.fail("quality", str(e))
         report.facts["quality"] = {"rollouts": list(rollouts), "passed": False}
