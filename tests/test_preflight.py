@@ -204,11 +204,11 @@ def test_metric_names_are_checked_on_resume_from_the_logged_metrics(toy_data, tm
 
 
 def test_held_out_returns_that_do_not_vary_are_named_at_step_0(toy_data, tmp_path, capfd):
-    """One held-out prompt whose 8 responses all succeed: its EV is 0/0. The run said
+    """Held-out prompts whose responses all succeed: their EV is 0/0. The run said
     `val/explained_variance=nan` at every evaluation and nothing said why (a new user's trial)."""
     from rollouts import write_rows
-    rows = toy_rows(8, seed=7)
-    write_rows(tmp_path / "val", [{**r, "reward": 1.0, "group_id": "one-prompt"} for r in rows])
+    rows = toy_rows(32, seed=7)  # 4 prompts of 8, every one solved (a reward filter makes this easy)
+    write_rows(tmp_path / "val", [{**r, "reward": 1.0, "group_id": f"p{i // 8}"} for i, r in enumerate(rows)])
     for val, warned in ((tmp_path / "val", True), (None, False)):  # and not on the usual split
         out = tmp_path / f"run-{warned}"
         extra = {"data.val": f"[{val}]"} if val else {}
@@ -216,12 +216,15 @@ def test_held_out_returns_that_do_not_vary_are_named_at_step_0(toy_data, tmp_pat
         assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 2, "eval.every": 1, **extra})) == 0
         said = [line.split(" WARNING ", 1)[1] for line in capfd.readouterr().err.splitlines()
                 if "explained_variance is nan" in line]
-        assert said == ([("val/explained_variance is nan: the 8 held-out rollouts of 1 prompt all have the same return "
-                          "(every target 1), so the EV, the group-mean baseline and the verdict cannot judge the "
-                          "critic, only val/loss can; hold out more prompts (data.val_fraction, now 0.1) or pass "
-                          "rollouts with varied returns as data.val")] if warned else [])
+        assert said == ([("val/explained_variance is nan: the 32 held-out rollouts of 4 prompts all have the same "
+                          "return (every target 1), so the EV, the group-mean baseline and the verdict cannot "
+                          "judge the critic, only val/loss can; hold out more prompts (data.val_fraction, now 0.1) "
+                          "or pass rollouts with varied returns as data.val")] if warned else [])
         first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
         assert (first.get("val/explained_variance") is None) == warned  # NaN is written as null
+        # no verdict either: the run ended with a TypeError on the null EV in its verdict line (a trial)
+        info = json.loads((out / "step_2" / "training_info.json").read_text())
+        assert (info.get("val:verdict") is None) == warned
 
 
 def test_eval_and_report_without_validation(toy_data, tmp_path, capsys):

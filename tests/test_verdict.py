@@ -255,6 +255,12 @@ def test_too_few_prompts_is_unknown():
     rows[:, verdict.MEASURED] = 1
     v = verdict.judge(rows, np.repeat(np.arange(2), 4), rng.random(8), rng.random(8), grouped=True)
     assert v.call == "unknown" and v.groups == 2 and "(8 rollouts, 2 prompts)" in v.line()
+    # returns that do not vary (every rollout solved): both EVs are 0/0, so no call, not "no better"
+    rows = rng.random((40, verdict.N_FIELDS)) + 1
+    rows[:, verdict.MEASURED] = 1
+    rows[:, verdict.S_G], rows[:, verdict.S_G2] = rows[:, verdict.N], rows[:, verdict.N]  # G = 1 at every token
+    v = verdict.judge(rows, np.repeat(np.arange(10), 4), np.ones(40), np.ones(40), grouped=True)
+    assert v.call == "unknown" and "with different returns" in v.line()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,6 +399,7 @@ def test_a_verdict_over_few_prompts_says_its_intervals_are_optimistic(tmp_path):
     for groups, noted in ((verdict.MIN_PROMPTS, True), (verdict.FEW_PROMPTS - 1, True), (verdict.FEW_PROMPTS, False)):
         rows = rng.random((4 * groups, verdict.N_FIELDS)) + 1
         rows[:, verdict.MEASURED] = 1
+        rows[:, [verdict.S_G2, verdict.S_GG2]] += 10  # sums of squares that fit the sums: returns that vary
         v = verdict.judge(rows, np.repeat(np.arange(groups), 4), rng.random(4 * groups), rng.random(4 * groups),
                           grouped=True)
         assert v.call != "unknown" and v.groups == groups and v.metrics("val")["val/prompts"] == groups

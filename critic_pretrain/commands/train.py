@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -127,10 +128,9 @@ def verdict_lines(step_dir) -> list[str]:
         code = info.get(f"{prefix}:verdict")
         if isinstance(code, (int, float)) and code in calls:
             regime = REGIMES["response" if prefix == "val_response" or split == "response" else "prompt"]
-            ev = [info.get(f"{prefix}:ev_vs_group_mean{s}") for s in ("", "_lo", "_hi")]
+            ev = [_num(info.get(f"{prefix}:ev_vs_group_mean{s}")) for s in ("", "_lo", "_hi")]
             out.append(f"verdict at the last evaluation on {regime} ({prefix}/): {calls[code]} (EV over the group "
-                       f"mean {ev[0]:.3f} [{ev[1]:.3f}, {ev[2]:.3f}]); `critic-pretrain eval {step_dir}` gives every "
-                       "number")
+                       f"mean {ev[0]} [{ev[1]}, {ev[2]}]); `critic-pretrain eval {step_dir}` gives every number")
             prompts = info.get(f"{prefix}:prompts")
             few = few_prompts_note(int(prompts)) if isinstance(prompts, (int, float)) else None
             if few:
@@ -140,3 +140,8 @@ def verdict_lines(step_dir) -> list[str]:
                 out.append(f"prompt-only plateau on {regime} ({prefix}/)? {note}. Judge it on rollouts it never "
                            f"saw: `critic-pretrain seed check {step_dir} --rollouts R`")
     return out
+
+
+def _num(v) -> str:
+    """0.284, or n/a for a value the evaluation could not give (null in training_info.json)."""
+    return f"{v:.3f}" if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"

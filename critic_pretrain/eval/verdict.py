@@ -205,7 +205,7 @@ class Verdict:
                     "reward scale against the PPO run (seed check --ppo-config) and that the rollouts come from the "
                     "policy PPO starts from, then retrain")
         if self.call == "unknown":
-            return "evaluate on more rollouts (several prompts, two or more responses each)"
+            return "evaluate on more rollouts (several prompts, two or more responses each, with different returns)"
         bootstrap = {None: "bootstrapped targets (targets.values_from=critic, if it did not use them), ",
                      False: "bootstrapped targets (targets.values_from=critic), ", True: ""}[self.bootstrapped]
         already = " (it already bootstraps from its own values)" if self.bootstrapped else ""
@@ -343,6 +343,8 @@ def judge(rows: np.ndarray, group: np.ndarray, outcome: np.ndarray, baseline: np
         label = outcome == values[1]
         terminal = interval(np.concatenate([weighted_auc(rows[:, V_LAST], label, weights[b:b + 64][:, group])
                                             for b in range(0, len(weights), 64)]))   # [64, R] at a time
-    call = ("helps" if ev_g.lo > 0 and ev_b.lo > 0 else "harmful" if ev_b.hi < 0 else "no better than the group mean")
+    # returns that do not vary (every held-out rollout solved) leave both EVs 0/0: nothing to judge
+    call = ("unknown" if not math.isfinite(ev_b.est) else
+            "helps" if ev_g.lo > 0 and ev_b.lo > 0 else "harmful" if ev_b.hi < 0 else "no better than the group mean")
     return Verdict(call, base, ev_g, ev_b, interval(_rho(s)), aucs, int(pairs[:, 0, 1].sum()), terminal,
                    interval(_ev(f[:, 0], f[:, 1], f[:, 2], f[:, 3], f[:, 4])), n_groups, int(keep.sum()))
