@@ -378,7 +378,8 @@ class TrainConfig:
     """Optional early stop on a validation metric; the run saves a final checkpoint."""
     on_collapse: Literal["stop", "warn"] = "stop"
     """A critic whose values collapse to a near-constant after it had learned (``val/value_std``
-    under 5% of the targets' spread after reaching 20%; semi-gradient TD can do this): `stop`
+    under 5% of the targets' spread after reaching 20% at a validation EV of 0.2 or more;
+    semi-gradient TD can do this): `stop`
     ends the run with an error before that step is saved (the checkpoints before it stay),
     `warn` logs one warning line and goes on."""
     freeze_backbone_steps: int = 0

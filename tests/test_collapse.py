@@ -45,6 +45,15 @@ def test_a_random_heads_spread_shrinking_early_is_not_a_collapse():
     assert watch.update(rec(90, 0.005, spread=0.4956, ev=0.0), 90) is not None   # and then collapsed
 
 
+def test_a_transient_dip_before_the_critic_learned_is_not_a_collapse():
+    """A trial's demo run with eval.every=20: 21% of the spread at EV 0.048, then 4.6% at step 40,
+    was stopped as collapsed; at EV that low nothing was learned to lose."""
+    watch = CollapseWatch()
+    assert watch.update(rec(0, 0.143, spread=0.4956, ev=-0.095), 0) is None
+    assert watch.update(rec(20, 0.104, spread=0.4956, ev=0.048), 20) is None
+    assert watch.update(rec(40, 0.0230, spread=0.4956, ev=0.025), 40) is None
+
+
 def test_a_resumed_run_remembers_the_peak(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [rec(0, 0.0), rec(50, 0.2), rec(100, 0.01)]))
@@ -66,6 +75,8 @@ def collapsing_evaluate(monkeypatch, at_call: int):
         calls.append(len(calls))
         share = 0.001 if len(calls) - 1 >= at_call else 0.5 if len(calls) - 1 >= 1 else 0.0
         out["val/value_std"] = share * out["val/target_std"]
+        if share == 0.5:  # the spread of a critic that learned (its EV too: a tiny run's own is near 0)
+            out["val/explained_variance"] = 0.5
         return out
 
     monkeypatch.setattr(train, "evaluate", evaluate)
