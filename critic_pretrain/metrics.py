@@ -122,7 +122,7 @@ class StopRule:
             self.count = self.count + 1 if hit else 0
             if self.count >= c.patience:
                 bound = f"above {c.above:g}" if c.above is not None else f"below {c.below:g}"
-                return f"{c.metric} {bound} for {c.patience} evaluations in a row (now {value:.4g})"
+                return f"{c.metric} {bound} for {_evaluations(c.patience)} in a row (now {value:.4g})"
             return None
         better = (self.best is None or (value < self.best - c.min_delta if self.mode == "min"
                                         else value > self.best + c.min_delta))
@@ -131,7 +131,7 @@ class StopRule:
             return None
         self.count += 1
         if self.count >= c.patience:
-            return f"{c.metric} has not improved on {self.best:.4g} for {c.patience} evaluations (plateau)"
+            return f"{c.metric} has not improved on {self.best:.4g} for {_evaluations(c.patience)} (plateau)"
         return None
 
 
@@ -232,6 +232,10 @@ class OvertrainWatch(CollapseWatch):
         return (f"over-training: the critic's val/explained_variance fell from {self.best:.3f} "
                 f"at step {self.best_step} to {ev:.3f} at step {step}, below half its best for {self.PATIENCE} "
                 "evaluations in a row (it memorises its training rollouts)")
+
+
+def _evaluations(n: int) -> str:
+    return f"{n} evaluation" + ("" if n == 1 else "s")
 
 
 def _step_of(line: str) -> int:

@@ -651,3 +651,12 @@ def test_rollouts_of_another_tokenizer_fail_eval_and_seed_check(tok_run, toy_dat
     rc, out, err = check(capsys, step, "--rollouts", tmp_path / "other")
     assert rc == 1 and "tokenized with another tokenizer" in err and "PASSED" not in out
     assert main(["eval", str(step), "--rollouts", str(tmp_path / "same"), "--out", str(tmp_path / "e.json")]) == 0
+
+
+def test_optimizer_line_rounds_the_learning_rate():
+    """A cosine schedule's lr printed as 0.0024917112325092907 (a trial): four digits say it."""
+    from critic_pretrain.interop.frameworks import describe_optimizer
+    opt = {"kind": "AdamW", "parameters": 28, "param_groups": 1, "lr": 0.0024917112325092907,
+           "scheduler": "LambdaLR", "last_epoch": 150}
+    assert describe_optimizer(opt) == ("AdamW state over 28 tensors, 1 group(s), lr 0.002492, scheduler LambdaLR "
+                                       "at step 150")

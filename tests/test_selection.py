@@ -60,6 +60,7 @@ def test_run_stops_early_and_rerun_has_nothing_to_do(toy_data, tmp_path):
     assert sorted(ckpt.find_checkpoints(out)) == [2]  # step 0 sets the best; step 2 cannot beat it by 10
     state = json.loads((out / "step_2" / "resume" / "state.json").read_text())
     assert "has not improved" in state["progress"]["stopped_early"]
+    assert state["progress"]["stopped_early"].endswith("for 1 evaluation (plateau)")  # not "1 evaluations"
     assert train_main(tiny_overrides(out, toy_data, **extra)) == 0  # same command: nothing to do
     assert sorted(ckpt.find_checkpoints(out)) == [2]
     assert max(r["step"] for r in read_metrics(out / "metrics.jsonl")) == 2

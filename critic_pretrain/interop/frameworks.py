@@ -126,8 +126,10 @@ def _shared_lambda(t: dict) -> tuple[str, str]:
 
 
 def describe_optimizer(opt: dict) -> str:
+    lr = opt["lr"]  # 0.0024917112325092907 from a cosine schedule: four digits say it
+    lr = f"{lr:.4g}" if isinstance(lr, float) else lr
     return (f"{opt['kind']} state over {opt['parameters']} tensors, {opt['param_groups']} group(s), "
-            f"lr {opt['lr']}, scheduler {opt['scheduler']} at step {opt['last_epoch']}")
+            f"lr {lr}, scheduler {opt['scheduler']} at step {opt['last_epoch']}")
 
 
 def reward_formula(targets: dict) -> str:
