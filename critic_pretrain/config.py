@@ -84,7 +84,8 @@ class DataConfig:
     weight 1 without filters; see `sources` for more)."""
     sources: list[SourceConfig] = field(default_factory=list)
     """More training sources, each with a weight and filters (added to `train`). Rollouts
-    are de-duplicated by `sample_id` across all sources (the first occurrence is kept)."""
+    are de-duplicated by `sample_id` across all sources (the first occurrence is kept). The
+    start-up log gives each source's kept rollouts and warns about one that trains nothing."""
     val: list[str] = field(default_factory=list)
     """Validation rollouts. Empty: hold out `val_fraction` of the training prompts."""
     val_fraction: float = 0.05

@@ -281,3 +281,18 @@ def test_start_up_data_line_shows_what_is_trained(tmp_path, capfd):
     n = int(line.split("rollouts (")[0].split()[-2])
     tokens = int(line.split(" tokens after truncation")[0].split(", ")[-1].replace(",", ""))
     assert tokens <= 20 * n
+
+
+def test_a_source_that_trains_nothing_is_named(tmp_path, capfd):
+    """The start-up line gives totals only, so a second source whose sample_ids all repeat the
+    first's (two `rollouts synth` archives with one --seed) vanished without a word (a trial).
+    Several sources now get a line each, and one that trains nothing a warning."""
+    from rollouts import write_rows
+    write_rows(tmp_path / "a", toy_rows(60, seed=3))
+    write_rows(tmp_path / "b", toy_rows(60, seed=3))  # the same sample_ids
+    sources = f"[{{paths: [{tmp_path / 'a'}], name: first}}, {{paths: [{tmp_path / 'b'}], name: again, weight: 2}}]"
+    over = tiny_overrides(tmp_path / "run", tmp_path / "a", **{"train.max_steps": 1, "data.sources": sources})
+    assert train_main([o for o in over if not o.startswith("data.train=")] + ["data.train=[]"]) == 0
+    err = capfd.readouterr().err
+    assert "INFO data sources: first 60 rollouts (weight 1), again 0 rollouts (weight 2)" in err
+    assert "WARNING data source again trains nothing: no rollout kept" in err

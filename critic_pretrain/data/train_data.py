@@ -136,6 +136,23 @@ def with_policy_left(store: RolloutStore, idx: np.ndarray, max_length: int, what
     return idx[kept > 0], int(kept.sum())
 
 
+def log_sources(data: DataConfig, kept: dict[str, int]) -> None:
+    """With several sources, one line of what each kept (the start-up ``data:`` line gives totals
+    only), and a warning for a source that trains nothing: every rollout filtered out or a repeat
+    of an earlier source's sample_id (two `rollouts synth` archives with one --seed share all
+    their ids), or a weight of 0. A trial's second source vanished behind the totals."""
+    sources = data.all_sources()
+    if len(sources) < 2:
+        return
+    rows = [(src.name or src.paths[0], kept.get(src.name or src.paths[0], 0), src.weight) for src in sources]
+    log.info("data sources: %s", ", ".join(f"{name} {n:,} rollouts (weight {w:g})" for name, n, w in rows))
+    for name, n, w in rows:
+        if n == 0 or w == 0:
+            log.warning("data source %s trains nothing: %s", name,
+                        "its weight is 0" if n else "no rollout kept (its filters left none, or every sample_id "
+                        "repeats an earlier source's: de-duplication keeps the first)")
+
+
 def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, *, main_first, progress: bool,
                      model_limit: int | None = None, vocab_size: int | None = None) -> TrainData:
     """Prepare (or reuse) the stores and split them. ``main_first`` is a context manager that
@@ -148,6 +165,7 @@ def build_train_data(data: DataConfig, targets: TargetsConfig, cache_dir: Path, 
                else train)
     for store in {id(train): train, id(val): val}.values():
         check_bad_fraction(store.stats, data.max_bad_fraction, store.path.name, store.path / "quarantine.jsonl")
+    log_sources(data, train.stats.sources)
     train_idx, held, val_groups = split(train, val, data)
     if data.recency_half_life:  # ages count from the newest version in the training data
         newest = None
