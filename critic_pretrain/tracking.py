@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,8 @@ def build(report_to: list[str], out: Path, project: str) -> list:
             trackers.append(tracking.TensorBoardTracker("tensorboard", str(out)))
         elif name == "wandb":
             trackers.append(tracking.WandBTracker(project, id=ids.get("wandb") or uuid.uuid4().hex[:12],
-                                                  resume="allow", dir=str(out), name=out.resolve().name))
+                                                  resume="allow", dir=os.environ.get("WANDB_DIR") or str(out),
+                                                  name=out.resolve().name))  # a WANDB_DIR the user set wins
         elif name == "mlflow":
             trackers.append(tracking.MLflowTracker(project, logging_dir=str(out / "mlruns"), run_id=ids.get("mlflow"),
                                                    run_name=out.resolve().name))

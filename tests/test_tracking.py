@@ -85,3 +85,15 @@ def test_tensorboard_false_still_drops_it(toy_data, tmp_path):
     assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 2, "train.tensorboard": False})) == 0
     assert not (out / "tensorboard").exists()
     assert Path(out / "metrics.jsonl").is_file()
+
+
+def test_wandb_dir_set_by_the_user_wins(toy_data, tmp_path, monkeypatch):
+    """The run passed dir=output_dir to W&B, so a WANDB_DIR the user set was ignored (a trial)."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    (tmp_path / "wb").mkdir()
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 1, "train.report_to": "[wandb]"})) == 0
+    assert list((tmp_path / "wb").rglob("offline-run-*")) and not (out / "wandb").exists()
