@@ -145,8 +145,9 @@ class CollapseWatch:
     with little variance); the spread of the values cannot: ``val/value_std / val/target_std``
     falls from its peak to near 0. ``update`` returns what happened once the ratio, having
     reached ``LEARNED`` at an evaluation after step 0 with an EV of at least ``LEARNED_EV`` (the
-    spread of a critic that learned something; a random head's spread at step 0 is not, and shrinking it towards
-    the mean return is what early training does), drops below ``COLLAPSED``; None otherwise.
+    spread of a critic that learned something; a random head's spread at step 0 is not, and
+    shrinking it towards the mean return is what early training does), drops below
+    ``COLLAPSED``; None otherwise.
     """
 
     LEARNED = 0.2

@@ -9,13 +9,13 @@ metrics this run logs. ``eval`` and ``seed check --rollouts`` use the tokenizer 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollouts.paths import archive_folder
-from rollouts.provenance import RewardsLogged, collection, rewards_logged
+from rollouts.provenance import RewardsLogged, collection, is_synthetic, rewards_logged
 from rollouts.tokenizer import describe as describe_tokenizer
-from rollouts.tokenizer import is_synthetic
 from rollouts.tokenizer import mismatch as tokenizer_mismatch
 from rollouts.tokenizer import recorded as tokenizer_recorded
 
@@ -139,7 +139,7 @@ def constant_targets(cfg: Config, logged: dict[str, float], val_sets) -> list[st
     out = []
     for v in val_sets:
         ev, mean = logged.get(f"{v.prefix}/explained_variance"), logged.get(f"{v.prefix}/target_mean")
-        if ev is None or ev == ev or mean is None:  # logged and not nan: it varies
+        if ev is None or not math.isnan(ev) or mean is None:  # logged and not nan: the targets vary
             continue
         prompts = logged.get(f"{v.prefix}/prompts")
         of = f" of {int(prompts)} prompt{'s' if prompts != 1 else ''}" if prompts is not None else ""

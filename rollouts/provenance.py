@@ -171,6 +171,12 @@ def rewards_logged(folder: str | Path) -> RewardsLogged | None:
     d = read_manifest(folder).get("rewards")
     if isinstance(d, dict):
         return RewardsLogged.from_dict(d)
-    if (Path(folder) / SYNTH_MANIFEST).is_file():
+    if is_synthetic(folder):
         return RewardsLogged(stated_by=f"rollouts synth ({SYNTH_MANIFEST})")
     return None
+
+
+def is_synthetic(folder: str | Path | None) -> bool:
+    """Whether ``folder`` holds ``rollouts synth``'s output (its manifest): toy ids with no text,
+    and the environment's own (raw) rewards."""
+    return folder is not None and (Path(folder) / SYNTH_MANIFEST).is_file()

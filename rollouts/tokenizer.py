@@ -14,7 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .provenance import SYNTH_MANIFEST, read_manifest
+from .provenance import SYNTH_MANIFEST, is_synthetic, read_manifest
 
 SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 
@@ -98,10 +98,9 @@ def mismatch(folder: str | Path | None, model_fp: dict | None) -> str | None:
             return None
         what = errors[0].replace("the seed's", "the rollouts'")
         return f"these rollouts were tokenized with another tokenizer than the model's (the model's {what})"
-    synth = Path(folder) / SYNTH_MANIFEST
     if is_synthetic(folder):
         try:
-            vocab = json.loads(synth.read_text()).get("vocab_size")
+            vocab = json.loads((Path(folder) / SYNTH_MANIFEST).read_text()).get("vocab_size")
         except (OSError, ValueError, AttributeError):
             vocab = None
         ids = f"ids of a {vocab}-token toy vocabulary" if vocab else "ids of a toy vocabulary"
@@ -109,8 +108,3 @@ def mismatch(folder: str | Path | None, model_fp: dict | None) -> str | None:
                 f"has a real tokenizer ({describe(model_fp)}): its tokens would read them as other text (synthetic "
                 "rollouts are for random-init models from model.config, as in the demo)")
     return None
-
-
-def is_synthetic(folder: str | Path | None) -> bool:
-    """Whether ``folder`` holds ``rollouts synth``'s output (its manifest), toy ids with no text."""
-    return folder is not None and (Path(folder) / SYNTH_MANIFEST).is_file()

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..config import Config
 from ..data import Layout, file_manifest, source_files
 from ..errors import UserError
@@ -201,24 +199,19 @@ def branch(out: Path, load_step: int | None) -> tuple[Path | None, list[Path]]:
     one's metrics. So the newer steps move to ``superseded/`` (``set_aside``). Re-running the same
     command must continue, not branch again: when the newest step was itself saved by a run with
     this ``load_step`` (its config.yaml), that step is the resume point."""
-    resume_dir = resolve_resume(out, load_step)
-    if load_step is None:
-        return resume_dir, []
+    if load_step is None or not out.is_dir():
+        return resolve_resume(out, load_step), []  # (a missing folder: resolve_resume's one-line error)
     newer = sorted((d for d in out.iterdir() if d.is_dir() and (step_number(d) or -1) > load_step), key=step_number)
     complete = [d for d in newer if verify(d) is None]
     if complete and _load_step_of(complete[-1]) == load_step:  # the newest was saved by this same command
         log.info("checkpoint.load_step=%d: %s was saved by a run with the same load_step; continuing that branch",
                  load_step, complete[-1].name)
         return resolve_resume(out, step_number(complete[-1])), []
-    return resume_dir, newer
+    return resolve_resume(out, load_step), newer  # step N's content is checked only when it is the resume point
 
 
 def _load_step_of(step_dir: Path) -> int | None:
-    try:
-        return ((yaml.safe_load(StepPaths(step_dir).config_yaml.read_text()) or {}).get("checkpoint") or {}).get(
-            "load_step")
-    except (OSError, yaml.YAMLError, AttributeError):
-        return None
+    return ((StepPaths(step_dir).read_config() or {}).get("checkpoint") or {}).get("load_step")
 
 
 def set_aside(out: Path, load_step: int, newer: list[Path]) -> Path:

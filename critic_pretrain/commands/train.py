@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import logging
 import math
-import os
 from pathlib import Path
 
 from ..checkpoint import remove_unstarted
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("nothing to train: try `critic-pretrain demo` (the bundled sample and a tiny model), or pass "
                         "--config configs/<recipe>.yaml data.train=[/your/rollouts] (see critic-pretrain train --help)")
     cfg = load_config(args.config, args.overrides)
-    fresh = not Path(cfg.output_dir).exists() and os.environ.get("RANK", "0") == "0"
+    fresh = not Path(cfg.output_dir).exists()  # only the lock's holder removes it (remove_unstarted)
     with contextlib.ExitStack() as cleanup:  # releases the output_dir lock however we leave
         try:
             try:
