@@ -14,6 +14,10 @@ from typing import Any, Literal
 
 from .errors import UserError
 
+VAL_PREFIXES = ("val", "val_response")
+"""Metric prefixes of the held-out sets: `val/` (the first set), `val_response/` (the response
+regime of `data.val_split=both`); checkpoints carry them as `val:` and `val_response:`."""
+
 
 @dataclass
 class ModelConfig:
@@ -317,8 +321,8 @@ class OptimConfig:
 class StopConfig:
     metric: str | None = None
     """Validation metric that can end the run early (e.g. `val/loss`,
-    `val/explained_variance`); null: run to `train.max_steps`. A name the run does not log
-    stops it before step 1, with a did-you-mean."""
+    `val/explained_variance`; `val_response/...` with `data.val_split=both`); null: run to
+    `train.max_steps`. A name the run does not log stops it before step 1, with a did-you-mean."""
     above: float | None = None
     """Stop once the metric is above this for `patience` evaluations in a row."""
     below: float | None = None
@@ -333,8 +337,9 @@ class StopConfig:
 
     def __post_init__(self):
         if self.metric is not None:
-            need(self.metric.startswith("val/"),
-                 f"train.stop_when.metric={self.metric!r} must be a validation metric such as val/loss")
+            need(self.metric.split("/", 1)[0] in VAL_PREFIXES and "/" in self.metric,
+                 f"train.stop_when.metric={self.metric!r} must be a validation metric such as val/loss "
+                 "(or val_response/loss with data.val_split=both)")
             need(self.patience >= 1, "train.stop_when.patience must be >= 1")
             need(self.above is None or self.below is None, "train.stop_when: set above or below, not both")
 
@@ -425,8 +430,10 @@ class CheckpointConfig:
     """Also keep the best k checkpoints by `best_metric` (read from each checkpoint's
     training_info.json); retention never deletes the newest one."""
     best_metric: str = "val:loss"
-    """NeMo-RL-style `val:<metric>` key that ranks checkpoints for `keep_best` (min for names
-    containing `loss` or `error`, else max)."""
+    """NeMo-RL-style `val:<metric>` key (`val_response:<metric>` with `data.val_split=both`)
+    that ranks checkpoints for `keep_best` (min for names containing `loss` or `error`, else
+    max). A checkpoint carries the metrics of its own step's evaluation only, so with
+    `keep_best` `save_every` must be a multiple of `eval.every`."""
     save_optimizer: bool = True
     """Write `value/optimizer/` (needed to resume; NeMo-RL since PR #4213 ignores it on a
     warm start)."""
@@ -436,8 +443,9 @@ class CheckpointConfig:
         need(self.load_step is None or self.load_step >= 0, "checkpoint.load_step must be >= 0")
         need(self.keep_last is None or self.keep_last >= 1, "checkpoint.keep_last must be >= 1")
         need(self.keep_best is None or self.keep_best >= 1, "checkpoint.keep_best must be >= 1")
-        need(self.best_metric.startswith("val:"),
-             f"checkpoint.best_metric={self.best_metric!r} must be a val:<metric> key, e.g. val:loss")
+        need(self.best_metric.split(":", 1)[0] in VAL_PREFIXES and ":" in self.best_metric,
+             f"checkpoint.best_metric={self.best_metric!r} must be a val:<metric> key, e.g. val:loss "
+             "(or val_response:loss with data.val_split=both)")
 
 
 @dataclass
@@ -477,6 +485,28 @@ def check_values(cfg: Config) -> None:
          "data.train is empty; set data.train=[path/to/rollouts] (files, folders or globs) or data.sources")
     need(cfg.model.name_or_path or cfg.model.config,
          "no model: set model.name_or_path=<local folder or hub id> or model.config (random init)")
+    check_selection(cfg)
+
+
+def check_selection(cfg: Config) -> None:
+    """``train.stop_when`` and ``checkpoint.keep_best`` against the evaluations that feed them:
+    `val_response/` exists only with ``data.val_split=both``, and a checkpoint is ranked by its
+    own step's evaluation (one saved between evaluations carries none)."""
+    ck, every = cfg.checkpoint, cfg.eval.every
+    named = [("train.stop_when.metric", cfg.train.stop_when.metric or "", "val/"),
+             ("checkpoint.best_metric", ck.best_metric if ck.keep_best else "", "val:")]
+    for key, value, prefix in named:
+        need(not value.startswith("val_response") or cfg.data.val_split == "both",
+             f"{key}={value}: val_response metrics are logged only with data.val_split=both (now "
+             f"{cfg.data.val_split}, whose held-out set is logged as {prefix}); use "
+             f"{prefix}{value.split(prefix[-1], 1)[-1]} or set data.val_split=both")
+    if ck.keep_best and ck.save_every:
+        why = ("eval.every=0 evaluates only the last step" if not every else
+               f"checkpoint.save_every={ck.save_every} is not a multiple of eval.every={every}")
+        need(every > 0 and ck.save_every % every == 0,
+             f"checkpoint.keep_best={ck.keep_best} ranks checkpoints by their own step's evaluation, but {why}: "
+             "checkpoints saved between evaluations could not be ranked; set checkpoint.save_every to a multiple "
+             "of eval.every")
 
 
 def need(ok: bool, msg: str) -> None:

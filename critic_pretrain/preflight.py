@@ -19,8 +19,9 @@ from rollouts.tokenizer import describe as describe_tokenizer
 from rollouts.tokenizer import mismatch as tokenizer_mismatch
 from rollouts.tokenizer import recorded as tokenizer_recorded
 
-from .config import Config
+from .config import VAL_PREFIXES, Config
 from .errors import UserError, closest
+from .metrics import read_metrics
 
 if TYPE_CHECKING:
     from .checkpoint import Manifest
@@ -115,19 +116,28 @@ def check_one_step(first_epoch: list, cfg: Config, train_rows: int, world: int) 
 
 def check_metric_names(cfg: Config, logged: set[str]) -> None:
     """``train.stop_when.metric`` and (with ``keep_best``) ``checkpoint.best_metric`` must name a
-    metric this run logs (``logged``: its ``val/...`` keys): ``val/los`` would never stop."""
-    names = {k.split("/", 1)[1] for k in logged if k.startswith("val/")}
+    metric this run logs (``logged``: its ``val/...`` and ``val_response/...`` keys): ``val/los``
+    would never stop. ``best_metric`` is written with ``:`` (``val:loss``), as checkpoints carry it."""
+    names = {k for k in logged if k.split("/", 1)[0] in VAL_PREFIXES}
     wanted = []
     if cfg.train.stop_when.metric:
-        wanted.append(("train.stop_when.metric", cfg.train.stop_when.metric, "val/"))
+        wanted.append(("train.stop_when.metric", cfg.train.stop_when.metric, "/"))
     if cfg.checkpoint.keep_best:
-        wanted.append(("checkpoint.best_metric", cfg.checkpoint.best_metric, "val:"))
-    for key, value, prefix in wanted:
-        name = value.removeprefix(prefix)
+        wanted.append(("checkpoint.best_metric", cfg.checkpoint.best_metric, ":"))
+    for key, value, sep in wanted:
+        name = value.replace(sep, "/", 1)
         if name not in names:
             near = closest(name, names)
             raise UserError(f"{key}={value}: this run logs no such validation metric"
-                            + (f"; did you mean {prefix}{near}?" if near else "") + " (docs/metrics.md lists them)")
+                            + (f"; did you mean {near.replace('/', sep, 1)}?" if near else "")
+                            + " (docs/metrics.md lists them)")
+
+
+def logged_val_keys(path: Path) -> set[str]:
+    """The validation metric names a run folder's ``metrics.jsonl`` holds (empty without one)."""
+    if not path.is_file():
+        return set()
+    return {k for rec in read_metrics(path) for k in rec if k.split("/", 1)[0] in VAL_PREFIXES}
 
 
 def constant_targets(cfg: Config, logged: dict[str, float], val_sets) -> list[str]:

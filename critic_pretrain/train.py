@@ -49,7 +49,6 @@ from critic_pretrain.metrics import (
     OvertrainWatch,
     StopRule,
     progress,
-    read_metrics,
     summarize,
     value_sums,
 )
@@ -109,6 +108,8 @@ class Run:
     target: torch.nn.Module | None = None
     """The frozen copy of the critic TD targets bootstrap from (``targets.refresh_every``)."""
     last_val: dict = field(default_factory=dict)
+    """The newest evaluation's metrics (``val/...``), measured at step ``last_val_step``."""
+    last_val_step: int | None = None
     data_changes: list = field(default_factory=list)
     """Accepted changes of the rollout files across resumes (``data.allow_changes``)."""
     config_changes: list = field(default_factory=list)
@@ -161,8 +162,7 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
         stop_rule.replay(out / "metrics.jsonl", state.step)
         collapse.replay(out / "metrics.jsonl", state.step)
         overtrain.replay(out / "metrics.jsonl", state.step)
-        logged = {k for rec in (read_metrics(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else [])
-                  for k in rec if k.startswith("val/")}
+        logged = preflight.logged_val_keys(out / "metrics.jsonl")
         if logged:
             preflight.check_metric_names(cfg, logged)
             metric_names_checked = True
@@ -495,7 +495,7 @@ def evaluate_and_log(run: Run, step: int) -> None:
     """Held-out loss and explained variance; logged and kept for ``training_info.json``."""
     if not run.data.val_sets:
         return
-    run.last_val = {}
+    run.last_val, run.last_val_step = {}, step
     for held in run.data.val_sets:  # `val/` first, then `val_response/` with data.val_split=both
         run.last_val.update(evaluate(run.model, held.store, held.idx, max_tokens=run.cfg.data.max_tokens,
                                      max_length=run.data.max_length, layout=run.layout, device=run.accelerator.device,
@@ -536,7 +536,8 @@ def save(run: Run, step: int) -> None:
     cfg, state, raw = run.cfg, run.state, run.accelerator.unwrap_model(run.model)
     info = {"total_steps": step, "current_step": state.step_in_epoch, "current_epoch": state.epoch,
             "consumed_samples": state.consumed_samples, "total_valid_tokens": state.total_valid_tokens,
-            **{k.replace("/", ":", 1): v for k, v in run.last_val.items()}}   # val:loss, val_response:loss
+            **{k.replace("/", ":", 1): v for k, v in run.last_val.items()  # val:loss, val_response:loss
+               if run.last_val_step == step}}  # a step saved between evaluations: none (not the last one's)
     manifest = ckpt.build_manifest(cfg, model=raw, data=run.data, rewards_logged=run.rewards_logged,
                                    data_changes=run.data_changes, config_changes=run.config_changes,
                                    tokenizer=run.tokenizer_fingerprint, world_size=run.layout.world)

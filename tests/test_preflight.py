@@ -168,8 +168,8 @@ def test_one_group_cannot_be_split(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, says", [
-    ({"checkpoint.keep_best": 2}, "checkpoint.keep_best=2 keeps the best checkpoints by val:loss, but there is no "
-                                  "validation split"),
+    ({"checkpoint.keep_best": 2, "eval.every": 4},
+     "checkpoint.keep_best=2 keeps the best checkpoints by val:loss, but there is no validation split"),
     ({"train.stop_when.metric": "val/loss"}, "train.stop_when.metric=val/loss stops on a validation metric, but "
                                              "there is no validation split"),
 ])
@@ -183,7 +183,7 @@ def test_features_that_need_validation_refuse_without_it(toy_data, tmp_path, cap
 @pytest.mark.parametrize("extra, says", [
     ({"train.stop_when.metric": "val/los"}, "train.stop_when.metric=val/los: this run logs no such validation "
                                             "metric; did you mean val/loss?"),
-    ({"checkpoint.keep_best": 1, "checkpoint.best_metric": "val:explained_varianc"},
+    ({"checkpoint.keep_best": 1, "checkpoint.best_metric": "val:explained_varianc", "eval.every": 4},
      "did you mean val:explained_variance?"),
 ])
 def test_metric_names_are_checked_before_step_1(toy_data, tmp_path, capsys, extra, says):

@@ -95,3 +95,57 @@ def test_a_keep_best_run_ends_naming_the_step_the_rule_keeps(toy_data, tmp_path,
     loss = {n: json.loads((out / f"step_{n}" / "training_info.json").read_text())["val:loss"] for n in (4, 12)}
     assert (f"checkpoint.keep_best: step_4 has the best val:loss of the saved steps ({loss[4]:.4g}; step_12, the "
             f"newest, which the lines above load: {loss[12]:.4g})") in printed
+
+
+@pytest.mark.parametrize("over, says", [
+    (["train.stop_when.metric=val_response/loss"], "train.stop_when.metric=val_response/loss: val_response metrics "
+                                                   "are logged only with data.val_split=both (now prompt, whose "
+                                                   "held-out set is logged as val/); use val/loss"),
+    (["checkpoint.keep_best=1", "checkpoint.best_metric=val_response:loss", "data.val_split=response",
+      "data.val_fraction=0.2"], "use val:loss or set data.val_split=both"),
+    (["checkpoint.keep_best=1", "checkpoint.save_every=30", "eval.every=20"],
+     "checkpoint.keep_best=1 ranks checkpoints by their own step's evaluation, but checkpoint.save_every=30 is not a "
+     "multiple of eval.every=20"),
+    (["checkpoint.keep_best=1", "checkpoint.save_every=30", "eval.every=0"], "eval.every=0 evaluates only the last"),
+    (["train.stop_when.metric=loss"], "must be a validation metric such as val/loss (or val_response/loss"),
+])
+def test_selection_settings_that_cannot_work_are_refused_with_the_config(over, says):
+    """Refused when the config is read, before any data or model: `val_response/` exists only with
+    data.val_split=both (before: "must be a validation metric", wrongly), and keep_best cannot rank a
+    checkpoint saved between evaluations (before: accepted without a word)."""
+    from critic_pretrain.config_io import load_config
+    from critic_pretrain.errors import UserError
+    with pytest.raises(UserError) as e:
+        load_config("configs/demo.yaml", over)
+    assert says in str(e.value)
+
+
+def test_the_response_regime_can_stop_a_run_and_rank_its_checkpoints(toy_data, tmp_path):
+    """With data.val_split=both, stop_when and keep_best can follow PPO's regime (`val_response/`);
+    retention ranks the saved steps by `val_response:loss` from their training_info.json."""
+    from critic_pretrain.config_io import load_config
+    load_config("configs/demo.yaml", ["data.val_split=both", "train.stop_when.metric=val_response/loss",
+                                      "checkpoint.keep_best=1", "checkpoint.best_metric=val_response:loss"])
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, toy_data, **{
+        "data.val_split": "both", "data.val_fraction": 0.3, "eval.every": 2, "checkpoint.save_every": 2,
+        "checkpoint.keep_best": 1, "checkpoint.best_metric": "val_response:loss", "checkpoint.keep_last": 1,
+        "train.stop_when.metric": "val_response/loss", "train.stop_when.patience": 50})) == 0
+    key = "val_response/loss"
+    logged = {r["step"]: r[key] for r in read_metrics(out / "metrics.jsonl") if key in r}
+    best = min((s for s in logged if s > 0), key=lambda s: (logged[s], s))
+    assert sorted(ckpt.find_checkpoints(out)) == sorted({best, 12})
+
+
+def test_a_checkpoint_carries_only_its_own_steps_evaluation(toy_data, tmp_path):
+    """A step saved between evaluations carries no val: metrics. Before, step_2 carried step 0's
+    evaluation and step_6 step 4's, as if they were their own: keep_best ranked a model by another
+    model's loss, and `seed check` printed it as the seed's."""
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, toy_data, **{"checkpoint.save_every": 2, "eval.every": 4,
+                                                       "train.max_steps": 8})) == 0
+    info = {n: json.loads((out / f"step_{n}" / "training_info.json").read_text()) for n in (2, 4, 6, 8)}
+    logged = {r["step"]: r["val/loss"] for r in read_metrics(out / "metrics.jsonl") if "val/loss" in r}
+    assert sorted(logged) == [0, 4, 8]
+    assert [n for n in info if any(k.startswith("val") for k in info[n])] == [4, 8]
+    assert info[4]["val:loss"] == logged[4] and info[8]["val:loss"] == logged[8]
