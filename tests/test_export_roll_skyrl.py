@@ -220,3 +220,28 @@ def test_step_check_for_roll_names_the_roll_export(step_nobias):
     report = check_seed(step_nobias, "roll")
     (line,) = [p.message for p in report.problems]
     assert "--format roll (adds a zero bias" in line and "strict=False" in line
+
+
+def test_an_export_for_another_framework_is_named_as_such(step, tmp_path):
+    """A ROLL export checked for SkyRL (or any other pair) fails in one line that names the export's
+    format and the export to run, read from its manifest. Before, it blamed "a backbone or
+    language-model checkpoint, not a value model". Without the manifest, the head's name says it."""
+    folder = export(step, "roll", tmp_path / "roll").out
+    for target, fmt in (("skyrl", "skyrl"), ("verl", "hf"), ("trl", "trl")):
+        (line,) = [p.message for p in check_seed(folder, target).problems]
+        assert (f"was exported with --format roll, not for {target}, whose layout differs; run critic-pretrain "
+                f"export {step.resolve()} --format {fmt} --out <dir>") in line, line
+    assert check_seed(export(step, "hf", tmp_path / "hf").out, "verl").ok  # --format hf is verl's
+    (folder / "critic_pretrain.json").unlink()
+    lines = [p.message for p in check_seed(folder, "skyrl").problems]
+    assert any("but v_head.summary.weight, the head of a roll critic: this critic is laid out for another framework, "
+               "not skyrl; export its step with critic-pretrain export STEP --format skyrl" in m for m in lines), lines
+
+
+def test_a_step_checked_for_roll_is_ok_as_the_source_of_an_export(step, capsys):
+    """A step_<n> folder passes `--for roll` as the export's source, and the OK line says so: ROLL
+    cannot load the step itself (before, "a valid critic seed for roll", the export only in `# next:`)."""
+    assert cli_main(["seed", "check", str(step), "--for", "roll"]) == 0
+    out = capsys.readouterr().out
+    assert f"OK  {step} is a valid source for a roll export (roll loads the exported folder" in out
+    assert f"# next: critic-pretrain export {step} --format roll --out <dir>" in out

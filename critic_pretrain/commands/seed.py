@@ -63,7 +63,7 @@ def print_report(report: SeedReport) -> int:
         print(report.summary(), file=sys.stderr)
         return 1
     print(report.summary())
-    if report.kind == "step" and report.target != "nemo-rl":
+    if report.export_source:
         print(f"\n# next: critic-pretrain export {report.path} --format "
               f"{FRAMEWORKS[report.target].export_format} --out <dir>, then check <dir> with --for {report.target}")
         return 0

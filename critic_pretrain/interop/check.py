@@ -39,7 +39,7 @@ from rollouts.tokenizer import differences, fingerprint_of
 from .. import checkpoint as ckpt
 from .. import preflight
 from ..errors import UserError, first_line
-from .frameworks import BIASED_TARGETS, FRAMEWORKS, HEAD, TARGETS
+from .frameworks import BIASED_TARGETS, FORMAT_ALIASES, FORMATS, FRAMEWORKS, HEAD, TARGETS, framework_of_format
 from .seed_report import SeedReport, left_out_note
 from .seed_weights import (
     add_weight_facts,
@@ -397,6 +397,8 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
         report.fail("path", f"{root} is a Hugging Face folder, not a step_<n> seed: NeMo-RL's warm start needs "
                             "<step>/value/weights; export one with critic-pretrain export STEP --format nemo-rl")
         return
+    if _other_export(report, root):
+        return
     cfg_json = fileio.read_json(root / "config.json") or {}
     try:
         config = AutoConfig.from_pretrained(str(root))
@@ -442,6 +444,22 @@ def _check_hf_folder(report: SeedReport, root: Path, ppo_config, ppo_config_path
     if finite:
         check_finite(report, files, root)
     report.facts["tokenizer"] = any((root / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def _other_export(report: SeedReport, root: Path) -> bool:
+    """An export for another framework (its manifest's ``exported.format``): one line naming both
+    and the export to run, instead of the head and key errors its other layout would give."""
+    manifest = ckpt.Manifest.read(root)
+    fmt = (manifest.exported or {}).get("format") if manifest else None
+    fmt, want = FORMAT_ALIASES.get(fmt, fmt), FRAMEWORKS[report.target].export_format
+    if fmt == want or fmt not in FORMATS:
+        return False
+    src = (manifest.exported or {}).get("from") or "STEP"
+    name = framework_of_format(fmt).name
+    report.fail("path", f"{root} was exported with --format {fmt}{f' (for {name})' if name != fmt else ''}, not "
+                        f"for {report.target}, whose layout differs; run critic-pretrain export {src} --format {want} "
+                        f"--out <dir> and check <dir> with --for {report.target}")
+    return True
 
 
 def _check_roll_folder(report: SeedReport, root: Path, cfg_json: dict) -> None:

@@ -60,6 +60,11 @@ class SeedReport:
                 "problems": [asdict(p) for p in self.problems], "warnings": list(self.warnings),
                 "facts": self.facts}
 
+    @property
+    def export_source(self) -> bool:
+        """A step_<n> folder checked for a target that loads an export of it, not the folder itself."""
+        return self.kind == "step" and self.target != "nemo-rl"
+
     def summary(self) -> str:
         """Human-readable report: the verdict, the facts, then what the target needs."""
         f = self.facts
@@ -68,7 +73,9 @@ class SeedReport:
                               f"({len(self.problems)} problem(s))"]
                              + [f"  verdict on {line.replace('**', '')}"
                                 for line in (f.get("quality") or {}).get("verdicts") or []])
-        lines = [f"OK  {self.path} is a valid critic seed for {self.target}"]
+        lines = [f"OK  {self.path} is a valid critic seed for {self.target}" if not self.export_source else
+                 f"OK  {self.path} is a valid source for a {self.target} export ({self.target} loads the exported "
+                 "folder, not a step_<n>: export it, as the last line says)"]
         arch = f.get("arch", {})
         shape = ", ".join(f"{k} {v}" for k, v in (("hidden", arch.get("hidden_size")),
                                                     ("layers", arch.get("num_layers")),

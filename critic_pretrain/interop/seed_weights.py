@@ -105,6 +105,14 @@ def expected_layout(config, layout: str, *, bias: bool, head: str = HEAD,
 def check_head(report: SeedReport, shapes: dict, want_bias: bool, *, bias_area: str, head: str = HEAD) -> None:
     w = shapes.get(f"{head}.weight")
     if w is None:
+        found = next((f.head for f in FRAMEWORKS.values() if f.head != head and f"{f.head}.weight" in shapes), None)
+        if found is not None:  # a critic laid out for another framework (an export without our manifest)
+            names = " or ".join(f.name for f in FRAMEWORKS.values() if f.head == found)
+            report.fail("head", f"no value head ({head}.weight) in the weights, but {found}.weight, the head of a "
+                                f"{names} critic: this critic is laid out for another framework, not "
+                                f"{report.target}; export its step with critic-pretrain export STEP --format "
+                                f"{FRAMEWORKS[report.target].export_format}")
+            return
         report.fail("head", f"no value head ({head}.weight) in the weights: this is a backbone or language-model "
                             "checkpoint, not a value model; train a critic with critic-pretrain train")
         return
