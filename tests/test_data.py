@@ -231,6 +231,24 @@ def test_sources_filters_and_deduplication(two_sources, tmp_path):
     assert manifest == {"a", "b", "b_copy"} and all(len(f["fingerprint"]) == 35 for f in store.files)  # "v2:" + 32
 
 
+def test_filters_that_leave_nothing_name_themselves(two_sources, tmp_path):
+    """Every rollout filtered out: the error names each filter with its count and the setting to
+    loosen, not `rollouts check` (which sees bad rows, not filters). All weights 0: says so."""
+    from critic_pretrain.errors import UserError
+    root, a, b = two_sources
+    sources = [SourceConfig(paths=[str(root / "a")], policy_version=[9, 9]),
+               SourceConfig(paths=[str(root / "b")], reward=[5.0, 6.0])]
+    with pytest.raises(UserError) as e:
+        prepare_store(sources, tmp_path / "cache", DataConfig(train=["x"]), TargetsConfig())
+    assert (f"no usable rollouts in 2 file(s) (0 bad rows, 0 bad files, {len(a)} by filter policy_version, {len(b)} "
+            "by filter reward, 0 with sample_weight 0); loosen or remove data.sources[].policy_version and "
+            "data.sources[].reward (every rollout was filtered out)") in str(e.value)
+    write_rows(tmp_path / "w0", [{**r, "sample_weight": 0.0} for r in a])
+    with pytest.raises(UserError, match="every rollout has sample_weight 0 .*; give them a weight above 0"):
+        prepare_store([SourceConfig(paths=[str(tmp_path / "w0")])], tmp_path / "cache", DataConfig(train=["x"]),
+                      TargetsConfig())
+
+
 def test_source_weights_per_epoch():
     idx = np.arange(100)
     source = np.array([0] * 60 + [1] * 40)

@@ -320,9 +320,21 @@ def check_bad_fraction(stats: StoreStats, limit: float, name: str, quarantine: P
 
 
 def raise_empty(name: str, n_files: int, stats: StoreStats) -> None:
-    raise UserError(f"{name} data: no usable rollouts in {n_files} file(s) ({stats.bad_rows} bad rows, "
-                    f"{stats.bad_files} bad files, {sum(stats.filtered.values())} filtered out, "
-                    f"{stats.zero_weight_rows} with sample_weight 0); run `critic-pretrain rollouts check` on it")
+    """No rollout left: say what removed them and point at that lever. `rollouts check` sees bad
+    rows, not the sources' filters or sample weights."""
+    filters = {k: n for k, n in stats.filtered.items() if n and k != "zero_weight"}
+    counts = ", ".join([f"{stats.bad_rows} bad rows", f"{stats.bad_files} bad files",
+                        *(f"{n} by filter {k}" for k, n in filters.items()),
+                        f"{stats.zero_weight_rows} with sample_weight 0"]
+                       + ([f"{stats.duplicates} repeated sample_ids"] if stats.duplicates else []))
+    if filters:
+        keys = " and ".join(f"data.sources[].{k}" for k in filters)
+        fix = f"loosen or remove {keys} (every rollout was filtered out)"
+    elif stats.zero_weight_rows and not (stats.bad_rows or stats.bad_files):
+        fix = "every rollout has sample_weight 0 (rows with weight 0 are dropped); give them a weight above 0"
+    else:
+        fix = "run `critic-pretrain rollouts check` on it"
+    raise UserError(f"{name} data: no usable rollouts in {n_files} file(s) ({counts}); {fix}")
 
 
 FILTERS = ("zero_weight", "policy_version", "reward", "min_policy_tokens", "max_length")
