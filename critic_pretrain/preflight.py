@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollouts.paths import archive_folder
-from rollouts.provenance import RewardsLogged, collection, is_synthetic, rewards_logged
+from rollouts.provenance import RewardsLogged, collection, is_synthetic, rewards_logged, synthetic_id_clash
 from rollouts.tokenizer import describe as describe_tokenizer
 from rollouts.tokenizer import mismatch as tokenizer_mismatch
 from rollouts.tokenizer import recorded as tokenizer_recorded
@@ -62,8 +62,12 @@ def archive_rewards(specs: list) -> RewardsLogged | None:
     """What the training archives say of their rewards (``rollouts convert --ppo-config`` /
     ``--rewards-raw`` / ``--rewards-scaled``); None when none says. Archives that state
     different scales cannot be trained together: the critic would learn a mixture. Logs what
-    each says of its collecting run first (``log_collections``): training prints it at start-up."""
+    each says of its collecting run first (``log_collections``): training prints it at start-up.
+    Synthetic archives whose ids would clash (``synthetic_id_clash``) are refused here too."""
     log_collections(specs)
+    clash = synthetic_id_clash([f for f in map(archive_folder, specs) if f is not None])
+    if clash:
+        raise UserError(clash)
     stated = {}
     for spec in specs:
         folder = archive_folder(spec)

@@ -180,3 +180,25 @@ def is_synthetic(folder: str | Path | None) -> bool:
     """Whether ``folder`` holds ``rollouts synth``'s output (its manifest): toy ids with no text,
     and the environment's own (raw) rewards."""
     return folder is not None and (Path(folder) / SYNTH_MANIFEST).is_file()
+
+
+def synthetic_id_clash(folders: list[str | Path]) -> str | None:
+    """Two ``rollouts synth`` archives of one ``--seed`` and different environments or settings:
+    their sample_ids and group_ids (``s<seed>-...``) coincide while their rollouts differ, so
+    de-duplication would drop one archive's rows as repeats and prompts of both would share a
+    group. The problem as one sentence, or None."""
+    by_seed: dict = {}
+    for folder in folders:
+        if not is_synthetic(folder):
+            continue
+        try:
+            doc = json.loads((Path(folder) / SYNTH_MANIFEST).read_text())
+        except (OSError, ValueError):
+            continue
+        first = by_seed.setdefault(doc.get("seed"), (folder, doc.get("params")))
+        if first[1] != doc.get("params"):
+            return (f"{first[0]} and {folder} were both written by rollouts synth with --seed {doc.get('seed')} but "
+                    "different environments or settings: their sample_ids and group_ids coincide, so one archive's "
+                    "rollouts would be dropped as repeats of the other's and their prompts merged; write one again "
+                    "with another --seed")
+    return None

@@ -191,3 +191,24 @@ def test_compose_and_raw():
     assert logged.compose({"reward_scale": 0.5, "reward_shift": 0.5})["reward_shift"] == 0.0  # back to [0, 1]
     assert logged.to_raw(1.0) == 1.0 and logged.to_raw(-1.0) == 0.0
     assert RewardsLogged.from_dict(json.loads(json.dumps(logged.to_dict()))) == logged
+
+
+def test_two_synthetic_archives_of_one_seed_are_refused_together(tmp_path, capsys):
+    """`rollouts synth` ids are s<seed>-...: two environments of one seed share every id, so the
+    second source was dropped as repeats (the fifth trial's `data.sources`). One line names both
+    folders and the fix; another seed, or the same archive twice, trains."""
+    from rollouts import SAMPLE_DIR, synth
+    small = {"max_length": 256, "median_length": 60}
+    synth.write(tmp_path / "fatal0", 48, seed=0, env="fatal", **small)
+    synth.write(tmp_path / "fatal1", 48, seed=1, env="fatal", **small)
+    from rollouts.provenance import synthetic_id_clash
+    assert synthetic_id_clash([SAMPLE_DIR, tmp_path / "fatal1", SAMPLE_DIR]) is None
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, SAMPLE_DIR, **{"data.train": f"[builtin:sample,{tmp_path / 'fatal0'}]",
+                                                         "model.config.vocab_size": 512})) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"error: {SAMPLE_DIR} and {tmp_path / 'fatal0'} were both written by rollouts synth with --seed 0 "
+                   "but different environments or settings: their sample_ids and group_ids coincide, so one archive's "
+                   "rollouts would be dropped as repeats of the other's and their prompts merged; write one again with "
+                   "another --seed")
+    assert not out.exists()
