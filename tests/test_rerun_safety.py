@@ -48,9 +48,11 @@ def test_resume_refuses_a_changed_run(run4, toy_data, tmp_path, capsys, change, 
     out = copy_run(run4, tmp_path / "run")
     before = snapshot(out)
     assert train_main(tiny_overrides(out, toy_data, **{"train.max_steps": 4, **change})) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    stderr = capsys.readouterr().err
+    err = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and shown in err[0] and "train.allow_config_changes=[" in err[0], err
     assert "new output_dir" in err[0]
+    assert "resuming from" not in stderr  # said once the resume point passed its checks
     assert snapshot(out) == before  # no checkpoint touched, config.yaml not overwritten
 
 

@@ -239,16 +239,16 @@ def resume_point(cfg: Config, layout: Layout, barrier=lambda: None) -> tuple[Pat
     if resume_dir is None:
         log.info("fresh start in %s: weights from %s", out, cfg.model.name_or_path or "random init (model.config)")
         return None, layout, [], []
-    log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
-    if (step_number(resume_dir) or 0) >= cfg.train.max_steps:  # a re-run of a finished run: say so up front
-        log.info("step %d is train.max_steps: nothing left to train, the seed is checked again (to train on, raise "
-                 "train.max_steps with train.allow_config_changes=[train.max_steps])", step_number(resume_dir))
     config_changes = check_config_changes(resume_dir, cfg)  # before anything in out is rewritten
     if cfg.train.rollouts_per_step:  # resolved when the run began: keep its micro-batches per step
         cfg.train.grad_accum = resumed_grad_accum(resume_dir, layout.world) or cfg.train.grad_accum
         layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
     check_layout(resume_dir, layout)
     data_changes = check_data_changes(resume_dir, cfg.data)
+    log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)  # checked
+    if (step_number(resume_dir) or 0) >= cfg.train.max_steps:  # a re-run of a finished run: say so up front
+        log.info("step %d is train.max_steps: nothing left to train, the seed is checked again (to train on, raise "
+                 "train.max_steps with train.allow_config_changes=[train.max_steps])", step_number(resume_dir))
     if newer:  # every check passed: only now is the folder rearranged
         barrier()
         if layout.rank == 0:
