@@ -156,15 +156,13 @@ class DataConfig:
     checkpoint accept them too."""
 
     def absolute_paths(self) -> None:
-        """`train` and `val` as absolute paths, in place (`builtin:`, `hf:` and dataset objects as
-        they are): the run's config.yaml, which `eval` and `report` read to find its held-out
+        """`train`, `val` and each source's `paths` as absolute paths, in place (``absolute_spec``):
+        the run's config.yaml, which `eval` and `report` read to find its held-out and training
         rollouts, then names them from any folder (relative ones failed outside the one the run
-        was started in). `sources` keep their paths: they are compared on resume as written."""
-        def absolute(spec):
-            if not isinstance(spec, str) or spec.startswith(("builtin:", "hf:")) or "://" in spec:
-                return spec
-            return os.path.abspath(os.path.expanduser(spec))
-        self.train, self.val = [absolute(s) for s in self.train], [absolute(s) for s in self.val]
+        was started in). A resume compares sources with their paths made absolute on both sides."""
+        self.train, self.val = [absolute_spec(s) for s in self.train], [absolute_spec(s) for s in self.val]
+        for src in self.sources:
+            src.paths = [absolute_spec(s) for s in src.paths]
 
     def all_sources(self) -> list[SourceConfig]:
         """`train` as one plain source, then `sources`."""
@@ -507,6 +505,14 @@ def check_selection(cfg: Config) -> None:
              f"checkpoint.keep_best={ck.keep_best} ranks checkpoints by their own step's evaluation, but {why}: "
              "checkpoints saved between evaluations could not be ranked; set checkpoint.save_every to a multiple "
              "of eval.every")
+
+
+def absolute_spec(spec):
+    """A rollouts path made absolute from the current folder; `builtin:`, `hf:`, URLs and dataset
+    objects as they are."""
+    if not isinstance(spec, str) or spec.startswith(("builtin:", "hf:")) or "://" in spec:
+        return spec
+    return os.path.abspath(os.path.expanduser(spec))
 
 
 def need(ok: bool, msg: str) -> None:

@@ -240,25 +240,46 @@ def test_eval_cli_on_validation_split_matches_training(run_dir, tmp_path, capsys
         assert ev["metrics"][f"eval/{key}"] == pytest.approx(logged[f"val/{key}"], rel=1e-5), key
 
 
-def test_a_run_started_with_relative_data_paths_evaluates_from_any_folder(toy_data, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("given", ["train", "sources"])
+def test_a_run_started_with_relative_data_paths_evaluates_from_any_folder(given, toy_data, tmp_path, monkeypatch,
+                                                                          capsys):
     """A new user trained from the repository root with data.train=[examples/...] and ran `eval
     STEP` from another folder: "examples/smollm2/rollouts: no such file or folder", a path they
-    never typed (the run's config.yaml kept it relative). The written config names it absolute."""
+    never typed (the run's config.yaml kept it relative). The written config names it absolute,
+    in `data.sources` too; a resume compares sources with absolute paths on both sides, so a step
+    written with relative ones (before this change) still resumes."""
     import yaml
     from conftest import train_main
     shutil.copytree(toy_data, tmp_path / "start" / "data")
     monkeypatch.chdir(tmp_path / "start")
-    assert train_main(tiny_overrides(Path("run"), Path("data"), **{"train.max_steps": 2,
-                                                                    "checkpoint.save_every": 2})) == 0
-    written = yaml.safe_load((tmp_path / "start" / "run" / "step_2" / "config.yaml").read_text())["data"]
-    assert written["train"] == [str(tmp_path / "start" / "data")]
+    extra = {"train.max_steps": 2, "checkpoint.save_every": 2}
+    if given == "sources":
+        extra.update({"data.train": "[]", "data.sources": "[{paths: [data], weight: 2}]"})
+    assert train_main(tiny_overrides(Path("run"), Path("data"), **extra)) == 0
+    step = tmp_path / "start" / "run" / "step_2"
+    written = yaml.safe_load((step / "config.yaml").read_text())
+    data = written["data"]
+    assert (data["train"] if given == "train" else data["sources"][0]["paths"]) == [str(tmp_path / "start" / "data")]
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
     assert cli.main(["eval", "start/run/step_2", "--out", str(tmp_path / "e.json")]) == 0
     assert json.loads((tmp_path / "e.json").read_text())["data"]["rows"] > 0
     monkeypatch.chdir(tmp_path / "start")  # and the same command resumes where it began
-    assert train_main(tiny_overrides(Path("run"), Path("data"), **{"train.max_steps": 2,
-                                                                    "checkpoint.save_every": 2})) == 0
+    assert train_main(tiny_overrides(Path("run"), Path("data"), **extra)) == 0
+    if given == "sources":  # a step written before sources were made absolute
+        data["sources"][0]["paths"] = ["data"]
+        (step / "config.yaml").write_text(yaml.safe_dump(written, sort_keys=False))
+        from critic_pretrain import checkpoint as ckpt
+        manifest = json.loads((step / ckpt.MANIFEST).read_text())
+        manifest["files"] = ckpt.files_manifest(step)
+        (step / ckpt.MANIFEST).write_text(json.dumps(manifest))
+        capsys.readouterr()
+        assert train_main(tiny_overrides(Path("run"), Path("data"), **extra)) == 0
+        err = capsys.readouterr().err
+        assert "resuming from" in err and "not resuming" not in err, err
+        extra["data.sources"] = "[{paths: [data], weight: 3}]"  # a changed weight is still a change
+        assert train_main(tiny_overrides(Path("run"), Path("data"), **extra)) == 2
+        assert "data.sources" in capsys.readouterr().err
 
 
 def test_eval_cli_on_other_rollouts_default_out(run_dir, toy_data, capsys):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
+from ..config import Config, absolute_spec
 from ..data import Layout, file_manifest, source_files
 from ..errors import UserError
 from .layout import StepPaths, resolve_resume, step_number, verify
@@ -64,6 +64,9 @@ def run_changes(old: dict, new: Config) -> list[tuple[str, Any, Any]]:
     the schedule has a horizon (linear or cosine)."""
     # A key the old config lacks (written before the key existed) had its default then.
     before, after = {**flatten(Config().to_dict()), **flatten(old)}, flatten(new.to_dict())
+    for d in (before, after):  # sources as written then and now: relative paths from this folder
+        d["data.sources"] = [{**s, "paths": [absolute_spec(p) for p in s.get("paths") or []]}
+                             if isinstance(s, dict) else s for s in d.get("data.sources") or []]
     changed = []
     for key in sorted(before.keys() | after.keys()):
         a, b = before.get(key), after.get(key)
