@@ -56,6 +56,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_step
     return LambdaLR(optimizer, lambda step: lr_factor(step, cfg, max_steps))
 
 
+def apply_config(optimizer: torch.optim.Optimizer, scheduler: LambdaLR, cfg: OptimConfig) -> None:
+    """After a resume, the config's peak lr, betas, eps and weight decay, not the saved state's:
+    the loaded param groups and the scheduler's base lrs are the old run's, so a change allowed
+    with ``train.allow_config_changes`` would be recorded and never applied. The current lr is
+    recomputed as LambdaLR does (``base_lr * factor(last_epoch)``): unchanged settings give the
+    saved values bit for bit."""
+    scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group.update(initial_lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+        group["lr"] = cfg.lr * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def scheduler_metadata(cfg: OptimConfig, max_steps: int, step: int, scheduler: LambdaLR, progress, layout,
                        max_tokens: int) -> dict:
     """Schedule description with Megatron-equivalent field names (docs/design.md, "Megatron backend").

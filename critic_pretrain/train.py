@@ -62,7 +62,7 @@ from critic_pretrain.model import (
     set_head_bias_value,
     token_values,
 )
-from critic_pretrain.optim import build_optimizer, build_scheduler, init_moments, scheduler_metadata
+from critic_pretrain.optim import apply_config, build_optimizer, build_scheduler, init_moments, scheduler_metadata
 from critic_pretrain.packed import PackedBatch
 from critic_pretrain.preemption import Preemption
 from critic_pretrain.targets import bootstrapped_returns
@@ -153,15 +153,14 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
                                                                          resume_dir)
     model = make_model(cfg, hf_config, data, resume_dir, accelerator.device, mp, layout)
     model, optimizer, scheduler = place_and_optimize(cfg, model, accelerator)
-    state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout) if resume_dir else TrainState()
+    state = restore(resume_dir, accelerator, model, optimizer, scheduler, layout, cfg) if resume_dir else TrainState()
     target = target_network.target_network(cfg, accelerator.unwrap_model(model), resume_dir, state.step)
     resume_step = state.step if resume_dir else None
     stop_rule, collapse, overtrain = StopRule(cfg.train.stop_when), CollapseWatch(), OvertrainWatch()
     metric_names_checked = False
     if resume_dir is not None:  # the resumed run's own history: its stop rule and its metric names
-        stop_rule.replay(out / "metrics.jsonl", state.step)
-        collapse.replay(out / "metrics.jsonl", state.step)
-        overtrain.replay(out / "metrics.jsonl", state.step)
+        for watch in (stop_rule, collapse, overtrain):
+            watch.replay(out / "metrics.jsonl", state.step)
         logged = preflight.logged_val_keys(out / "metrics.jsonl")
         if logged:
             preflight.check_metric_names(cfg, logged)
@@ -279,8 +278,9 @@ def place_and_optimize(cfg: Config, model, accelerator):
     return model, optimizer, scheduler
 
 
-def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout) -> TrainState:
-    """Weights, optimizer moments, LR schedule, progress and RNG from ``step_dir``."""
+def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: Layout, cfg: Config) -> TrainState:
+    """Weights, optimizer moments, LR schedule, progress and RNG from ``step_dir``; the optimizer's
+    hyperparameters from ``cfg`` (an allowed change takes effect)."""
     raw = accelerator.unwrap_model(model)
     try:
         ckpt.load_weights(raw, step_dir, is_main=accelerator.is_main_process,
@@ -293,6 +293,7 @@ def restore(step_dir: Path, accelerator, model, optimizer, scheduler, layout: La
                         "cannot be resumed exactly; start a new output_dir with model.name_or_path set to an "
                         "`critic-pretrain export --format hf` of it")
     ckpt.load_optimizer(raw, optimizer.optimizer, scheduler, step_dir)
+    apply_config(optimizer.optimizer, scheduler, cfg.optim)
     saved, rng = ckpt.load_resume_state(step_dir, layout.rank)
     if rng is not None:
         ckpt.set_rng_state(rng)

@@ -208,3 +208,27 @@ def test_export_out_and_overwrite_guards(run4, tmp_path, capsys):
     assert rc == 2 and "did not write" in err[0] and (mine / "notes.txt").read_text() == "keep me"
     assert export("--out", str(tmp_path / "hf"))[0] == 0
     assert export("--out", str(tmp_path / "hf"), "--overwrite")[0] == 0  # a previous export: replaced
+
+
+def test_an_allowed_optimizer_change_takes_effect(run4, toy_data, tmp_path):
+    """Allowed with train.allow_config_changes, a new optim.lr, betas and weight decay apply from the
+    resumed step on: the lr follows the new schedule exactly as a fresh run with the new settings
+    logs it, and the next checkpoint's optimizer state holds the new values. Before, the saved
+    state's peak lr (3e-3), betas and weight decay stayed while config.yaml, scheduler.json and the
+    manifest recorded the new ones."""
+    from critic_pretrain.checkpoint.safe_dcp import read_dcp
+    from critic_pretrain.metrics import read_metrics
+    new = {"train.max_steps": 8, "optim.lr": 1e-3, "optim.min_lr": 1e-4, "optim.weight_decay": 0.1,
+           "optim.betas": "[0.5,0.9]", "checkpoint.save_every": 8}
+    out = copy_run(run4, tmp_path / "run")
+    allow = "[train.max_steps,optim.lr,optim.min_lr,optim.weight_decay,optim.betas]"
+    assert train_main(tiny_overrides(out, toy_data, **new, **{"train.allow_config_changes": allow})) == 0
+    fresh = tmp_path / "fresh"
+    assert train_main(tiny_overrides(fresh, toy_data, **new)) == 0
+    lr = {p: {r["step"]: r["train/lr"] for r in read_metrics(p / "metrics.jsonl") if "train/lr" in r}
+          for p in (out, fresh)}
+    assert [lr[out][s] for s in range(5, 9)] == [lr[fresh][s] for s in range(5, 9)]
+    assert lr[out][4] != lr[fresh][4]  # steps 1-4 are the first run's (peak 3e-3)
+    saved = read_dcp(ckpt.StepPaths(out / "step_8").optim_dir, tensors=False)["optim"]
+    group = {k.rsplit(".", 1)[1]: v for k, v in saved.items() if k.startswith("param_groups.model.embed_tokens.")}
+    assert (group["initial_lr"], tuple(group["betas"]), group["weight_decay"]) == (1e-3, (0.5, 0.9), 0.1)
