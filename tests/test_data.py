@@ -385,3 +385,33 @@ def test_cut_length_grows_linearly_then_stays_at_max_length():
     assert cut_length(0, DataConfig(), 1000) == 1000  # off by default
     held = DataConfig(length_warmup_steps=10, length_warmup_from=100, length_warmup_hold=6)
     assert [cut_length(s, held, 1000) for s in (0, 5, 6, 7, 9, 10)] == [100, 100, 100, 325, 775, 1000]
+
+
+def test_a_shard_edited_in_place_is_read_again(tmp_path):
+    """A shard changed in place with its size and mtime kept (here: one reward's bytes patched in an
+    uncompressed file) gets a new store: its key holds the sampled content fingerprint the resume
+    check compares. Before, data.allow_changes=true announced "continuing on the new data" and
+    trained on the old store."""
+    import os
+    import struct
+
+    import pyarrow.parquet as pq
+    rows = toy_rows(20, seed=3)
+    rows[7]["reward"] = 0.123456789
+    write_rows(tmp_path / "src", rows)
+    table = pq.read_table(next((tmp_path / "src").glob("*.parquet")))
+    (tmp_path / "data").mkdir()
+    shard = tmp_path / "data" / "part-00000.parquet"
+    pq.write_table(table, shard, compression="none")
+    first = prepare_store([str(tmp_path / "data")], tmp_path / "cache", DataConfig(train=["x"]), TargetsConfig())
+    def has(store, r):
+        return any(abs(x - r) < 1e-6 for x in store.table.column("outcome").to_pylist())
+    assert has(first, 0.123456789) and not has(first, 0.987654321)
+    st = shard.stat()
+    raw = shard.read_bytes()
+    assert raw.count(struct.pack("<d", 0.123456789)) == 1
+    shard.write_bytes(raw.replace(struct.pack("<d", 0.123456789), struct.pack("<d", 0.987654321)))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert shard.stat().st_size == st.st_size and shard.stat().st_mtime_ns == st.st_mtime_ns
+    again = prepare_store([str(tmp_path / "data")], tmp_path / "cache", DataConfig(train=["x"]), TargetsConfig())
+    assert has(again, 0.987654321) and not has(again, 0.123456789)

@@ -191,12 +191,15 @@ class RolloutStore:
 
 def _cache_key(files: list[tuple[int, Path]], sources: list[SourceConfig], data: DataConfig,
                targets: TargetsConfig, vocab_size: int | None) -> str:
+    """What the store is built from: settings and each file's path, size, mtime and sampled content
+    fingerprint (the one the resume check compares: with `data.allow_changes` a shard edited in
+    place, size and mtime kept, was announced as new data and read from the old store)."""
     h = hashlib.sha256()
     h.update(json.dumps({"format": STORE_FORMAT, "on_bad": data.on_bad, "targets": vars(targets),
                          "sources": [vars(s) for s in sources], "vocab_size": vocab_size}, sort_keys=True).encode())
     for i, f in files:
         st = f.stat()
-        h.update(f"{i}\0{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(f"{i}\0{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{file_fingerprint(f)}\n".encode())
     return h.hexdigest()[:16]
 
 
