@@ -660,3 +660,25 @@ def test_optimizer_line_rounds_the_learning_rate():
            "scheduler": "LambdaLR", "last_epoch": 150}
     assert describe_optimizer(opt) == ("AdamW state over 28 tensors, 1 group(s), lr 0.002492, scheduler LambdaLR "
                                        "at step 150")
+
+
+def test_a_step_without_its_manifest(run, tmp_path, capsys):
+    """Our step with critic_pretrain.json removed (its config.yaml says we wrote it) fails seed check
+    and export: its integrity and training settings cannot be verified; before, it passed both, even
+    with another run's weights swapped in, and pasted `gae_lambda_value: 1` for a TD(0.98) critic.
+    A step that is not ours (no config.yaml either) is warned about and gets placeholders, not 1."""
+    from critic_pretrain.errors import UserError
+    from critic_pretrain.interop.export import export
+    step = tmp_path / "step_4"
+    shutil.copytree(run / "step_4", step)
+    (step / ckpt.MANIFEST).unlink()
+    rc, _, err = check(capsys, step)
+    assert rc == 1 and "no critic_pretrain.json in" in err and "though its config.yaml says critic-pretrain" in err
+    with pytest.raises(UserError, match="copy the whole step_<n> folder again"):
+        export(step, "hf", tmp_path / "hf")
+    (step / "config.yaml").unlink()
+    rc, out, err = check(capsys, step)
+    assert rc == 0 and "not a critic-pretrain step, so its integrity is not verified" in err
+    assert "gae_gamma: <the gamma the critic was trained with>" in out
+    assert "gae_lambda_value: <the lambda the critic was trained with>" in out
+    assert "--lambd <actor's lambda>" in "\n".join(config_lines("openrlhf", step, {}))

@@ -332,8 +332,15 @@ def _check_strays(report: SeedReport, weights_root: Path) -> None:
 def _check_manifest(report: SeedReport, root: Path) -> ckpt.Manifest | None:
     manifest = ckpt.Manifest.read(root)
     if manifest is None:
-        report.warn(f"no {ckpt.MANIFEST}: the reward transform, gamma and lambda this critic was trained with are "
-                    "unknown; make sure the PPO run uses the reward scale it was trained on")
+        if "targets" in (ckpt.StepPaths(root).read_config() or {}):  # critic-pretrain wrote it: a file is missing
+            report.fail("manifest", f"no {ckpt.MANIFEST} in {root}, though its config.yaml says critic-pretrain wrote "
+                                    "it: the copy is incomplete or the file was removed, so neither its integrity nor "
+                                    "the settings it was trained with can be verified; copy the whole step_<n> folder "
+                                    "again from the run")
+            return None
+        report.warn(f"no {ckpt.MANIFEST}: not a critic-pretrain step, so its integrity is not verified and the reward "
+                    "transform, gamma and lambda this critic was trained with are unknown; make sure the PPO run uses "
+                    "the ones it was trained on")
         return None
     problem = ckpt.verify(root, content=True)
     if problem:

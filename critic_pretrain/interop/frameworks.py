@@ -118,6 +118,8 @@ def _shared_lambda(t: dict) -> tuple[str, str]:
     """(value, comment) for frameworks with one lambda for actor and critic. Any lambda
     estimates the same values, so a critic pretrained with TD(lambda < 1) does not impose its
     lambda on the actor; Monte-Carlo pretraining (lambda 1) is printed as trained."""
+    if not t:
+        return "<actor's lambda>", "one lambda for actor and critic; the critic's is unknown (no critic_pretrain.json)"
     lam = t.get("lam", 1.0)
     if lam < 1.0:
         return "<actor's lambda>", (f"one lambda for actor and critic; the critic's TD({lam:g}) pretraining "
@@ -181,15 +183,17 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
     ``sequential`` or None when it has none).
     """
     t = facts.get("targets") or {}
-    gamma, lam = t.get("gamma", 1.0), t.get("lam", 1.0)
+    # Unknown without our manifest: a placeholder the PPO config cannot parse, never a guess.
+    gamma = f"{t.get('gamma', 1.0):g}" if t else "<the gamma the critic was trained with>"
+    lam = f"{t.get('lam', 1.0):g}" if t else "<the lambda the critic was trained with>"
     loc = str(Path(location).resolve())
     raw = raw_rewards_phrase(facts)
     if target == "nemo-rl":
         lines = ["# NeMo-RL PPO config: warm-start the critic from this seed",
                  "ppo:", f"  warm_start_value_checkpoint: {loc}",
                  "  policy_training_start_step: 0   # warm-started from this seed: no critic-only steps",
-                 "  adv_estimator:", "    name: gae", f"    gae_gamma: {gamma:g}          # as the critic was trained",
-                 f"    gae_lambda_value: {lam:g}   # the critic's lambda (decoupled from the actor's gae_lambda)",
+                 "  adv_estimator:", "    name: gae", f"    gae_gamma: {gamma}          # as the critic was trained",
+                 f"    gae_lambda_value: {lam}   # the critic's lambda (decoupled from the actor's gae_lambda)",
                  *nemo_rl_reward_scaling(facts.get("targets"), raw), "value:"]
         name = facts.get("model_name_or_path")
         arch = facts.get("arch") or {}
@@ -210,7 +214,7 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
         return ["# verl PPO config (critic.model.path loads AutoModelForTokenClassification, num_labels=1)",
                 f"critic.model.path: {loc}",
                 "trainer.critic_warmup: 0          # warm-started from this seed",
-                "algorithm.adv_estimator: gae", f"algorithm.gamma: {gamma:g}",
+                "algorithm.adv_estimator: gae", f"algorithm.gamma: {gamma}",
                 f"algorithm.lam: {_shared_lambda(t)[0]}              # verl: {_shared_lambda(t)[1]}",
                 *_plain_reward_note(t, "verl has no reward-scaling option: make the reward function return it",
                                     raw)]
@@ -220,8 +224,8 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
                  f"--critic_pretrain {loc}            # newer: --critic.model_name_or_path {loc}",
                  "--value_head_prefix score           # newer: --ds.value_head_prefix score (config.json pins it too)",
                  "--advantage_estimator gae           # newer: --algo.advantage.estimator gae",
-                 f"--gamma {gamma:g} --lambd {_shared_lambda(t)[0]}           # newer: --algo.advantage.gamma "
-                 f"{gamma:g} --algo.advantage.lambd; {_shared_lambda(t)[1]}",
+                 f"--gamma {gamma} --lambd {_shared_lambda(t)[0]}           # newer: --algo.advantage.gamma "
+                 f"{gamma} --algo.advantage.lambd; {_shared_lambda(t)[1]}",
                  "# leave --freezing_actor_steps / --critic.freezing_steps unset: warm-started from this seed"]
         if norm:
             lines.append("--normalize_reward                  # newer: --reward.normalize_enable; applies the folded "
@@ -229,36 +233,36 @@ def config_lines(target: str, location: Path, facts: dict, *, scheduler: str | N
         return lines + _plain_reward_note(t, "OpenRLHF has no linear reward transform: produce rewards on that "
                                              "scale", raw)
     if target in ("roll", "skyrl"):
-        return _roll_lines(loc, t, raw) if target == "roll" else _skyrl_lines(loc, t, raw)
-    return _trl_lines(loc, t, raw)
+        return _roll_lines(loc, t, raw, gamma) if target == "roll" else _skyrl_lines(loc, t, raw, gamma)
+    return _trl_lines(loc, t, raw, gamma)
 
 
-def _trl_lines(loc: str, t: dict, raw: str) -> list[str]:
+def _trl_lines(loc: str, t: dict, raw: str, gamma: str) -> list[str]:
     return ["# TRL 1.12 PPO (trl.experimental.ppo)",
             "from transformers import AutoModelForSequenceClassification",
             "from trl.experimental.ppo import PPOConfig, PPOTrainer",
             f"value_model = AutoModelForSequenceClassification.from_pretrained({loc!r}, num_labels=1)",
-            f"args = PPOConfig(..., gamma={t.get('gamma', 1.0):g}, lam={_shared_lambda(t)[0]})   # gamma as the "
+            f"args = PPOConfig(..., gamma={gamma}, lam={_shared_lambda(t)[0]})   # gamma as the "
             f"critic was trained; {_shared_lambda(t)[1]}",
             "trainer = PPOTrainer(args=args, ..., value_model=value_model)",
             *_plain_reward_note(t, "TRL has no reward transform: make the reward model's score that scale", raw)]
 
 
-def _roll_lines(loc: str, t: dict, raw: str) -> list[str]:
+def _roll_lines(loc: str, t: dict, raw: str, gamma: str) -> list[str]:
     return ["# ROLL pipeline config: a trl-type critic loads the backbone + value_head.safetensors",
             "critic:", "  model_args:", f"    model_name_or_path: {loc}", "    model_type: trl",
-            "adv_estimator: gae", f"gamma: {t.get('gamma', 1.0):g}",
+            "adv_estimator: gae", f"gamma: {gamma}",
             f"lambd: {_shared_lambda(t)[0]}              # ROLL: {_shared_lambda(t)[1]}",
             "critic_warmup: 0          # warm-started from this seed",
             *_plain_reward_note(t, "ROLL's reward_clip and norm_mean_type/norm_std_type are not affine maps of the "
                                    "reward: make the reward function return that scale", raw)]
 
 
-def _skyrl_lines(loc: str, t: dict, raw: str) -> list[str]:
+def _skyrl_lines(loc: str, t: dict, raw: str, gamma: str) -> list[str]:
     return ["# SkyRL (skyrl.train.entrypoints.main_base) overrides",
             f"trainer.critic.model.path={loc}",
             "trainer.algorithm.value_head_prefix=value_head   # the default: the export's head name",
-            "trainer.algorithm.advantage_estimator=gae", f"trainer.algorithm.gamma={t.get('gamma', 1.0):g}",
+            "trainer.algorithm.advantage_estimator=gae", f"trainer.algorithm.gamma={gamma}",
             f"trainer.algorithm.lambd={_shared_lambda(t)[0]}   # SkyRL: {_shared_lambda(t)[1]}",
             "# keep trainer.policy.model.path different from the critic's: SkyRL re-initialises the value head "
             "when they are equal",
