@@ -14,13 +14,15 @@ from rollouts.errors import (
     Problem,
     RolloutError,
     UserError,
+    cause,
     closest,
     did_you_mean,
+    environment_error,
     first_line,
     require,
     yaml_problem,
 )
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_USAGE", "Problem", "RolloutError",
-           "UserError", "closest", "did_you_mean", "first_line", "require",
+           "UserError", "cause", "closest", "did_you_mean", "environment_error", "first_line", "require",
            "yaml_problem"]

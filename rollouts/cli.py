@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .convert import convert_generic, convert_nemo_rl, convert_slime, convert_verl
-from .errors import EXIT_INTERRUPTED, RolloutError, UserError
+from .errors import EXIT_INTERRUPTED, EXIT_USAGE, RolloutError, UserError, cause, environment_error
 from .sources import SOURCES
 from .writer import DEFAULT_SHARD_ROWS
 
@@ -368,3 +368,16 @@ def run_command(fn: Callable[..., int], *args) -> int:
     except BrokenPipeError:  # `... | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except BaseException as e:  # a library's wrapper (torch DCP's is a BaseException) of Ctrl-C or a full disk
+        if isinstance(e, SystemExit) or os.environ.get("CRITIC_PRETRAIN_DEBUG"):
+            raise
+        if cause(e, KeyboardInterrupt) is not None:
+            print("error: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        err = environment_error(e)
+        if err is None:
+            raise
+        print(f"error: {err.strerror}{f' ({err.filename})' if err.filename else ''}: free space or fix the folder, "
+              "then re-run the same command (files are replaced atomically: what was written before is intact)",
+              file=sys.stderr)
+        return EXIT_USAGE

@@ -6,9 +6,11 @@ by the one command-line error handler (``error: <message>``, exit code 2).
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -40,6 +42,40 @@ def first_line(e: BaseException, limit: int = 240) -> str:
         return type(e).__name__
     line = f"{text[0]} {text[1]}" if text[0].endswith(":") and len(text) > 1 else text[0]
     return line[:limit]
+
+
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+"""Full disk, quota, read-only file system: the machine's state, not a bug; one line, never a
+traceback, from whichever library met it."""
+
+
+def cause(e: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The exception of ``kind`` behind ``e``: ``e`` itself, its cause or context, the failures a
+    torch DCP ``CheckpointException`` gathers (a second Ctrl-C inside ``dcp.save``), or, for an
+    OSError, safetensors' "(os error N)" text (its Rust writer raises SafetensorError)."""
+    stack, seen = [e], set()
+    while stack:
+        x = stack.pop()
+        if not isinstance(x, BaseException) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, kind):
+            return x
+        code = re.search(r"os error (\d+)", str(x)) if kind is OSError else None
+        if code:
+            return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
+        stack += [x.__cause__, x.__context__]
+        failures = getattr(x, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
+        if isinstance(failures, dict):
+            for failure in failures.values():
+                stack += list(failure) if isinstance(failure, tuple) else [failure]
+    return None
+
+
+def environment_error(e: BaseException) -> OSError | None:
+    """The full-disk, quota or read-only OSError behind ``e`` (``ENVIRONMENT_ERRNOS``), or None."""
+    err = cause(e, OSError)
+    return err if err is not None and err.errno in ENVIRONMENT_ERRNOS else None
 
 
 def yaml_problem(e: BaseException) -> str:

@@ -169,3 +169,70 @@ def test_corrupt_newest_falls_back_but_explicit_step_errors(reference, toy_data,
     assert train_main(tiny_overrides(out, toy_data, **{"checkpoint.load_step": 13})) == 2
     err = capsys.readouterr().err
     assert "load_step=13" in err and "not a complete checkpoint" in err and "truncated" in err
+
+
+def _wrapped(kind: str, error: BaseException) -> BaseException:
+    """``error`` the way a library hands it over: safetensors' SafetensorError (text only, "os error
+    N"), torch DCP's CheckpointException (a BaseException holding each rank's exception)."""
+    import traceback
+
+    from safetensors import SafetensorError
+    from torch.distributed.checkpoint.api import CheckpointException
+    if kind == "safetensors":
+        return SafetensorError(f"Error while serializing: I/O error: {error.strerror} (os error {error.errno})")
+    return CheckpointException("CheckpointException ranks:dict_keys([0])", {0: (error, traceback.StackSummary())})
+
+
+@pytest.mark.parametrize("where", ["weights", "optimizer"])
+def test_a_full_disk_met_inside_a_library_is_one_line(where, reference, toy_data, tmp_path, capsys, monkeypatch):
+    """A real full disk reaches the save wrapped by the library that wrote: safetensors (the weights)
+    or torch DCP (the optimizer state). Both: one line, exit 2, step_4 intact, the partial save
+    removed, and the same command resumes to the same weights. Before: a traceback and exit 1 (the
+    fault matrix's enospc raised a bare OSError, which was caught)."""
+    import critic_pretrain.checkpoint.save as save_mod
+    full = OSError(28, "No space left on device")
+    if where == "weights":
+        real = save_mod.save_file
+
+        def fail(tensors, path, *a, **k):
+            if "tmp_step_8" in str(path):
+                raise _wrapped("safetensors", full)
+            return real(tensors, path, *a, **k)
+        monkeypatch.setattr(save_mod, "save_file", fail)
+    else:
+        real = save_mod.dcp.save
+
+        def fail(state, *a, checkpoint_id, **k):
+            if "tmp_step_8" in str(checkpoint_id):
+                raise _wrapped("dcp", full)
+            return real(state, *a, checkpoint_id=checkpoint_id, **k)
+        monkeypatch.setattr(save_mod.dcp, "save", fail)
+    out = tmp_path / "run"
+    assert train_main(tiny_overrides(out, toy_data, **{"checkpoint.keep_last": 1})) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "No space left on device" in err[0] and "step_4 is intact" in err[0], err
+    assert sorted(ckpt.find_checkpoints(out)) == [4] and not (out / "tmp_step_8").exists()
+    monkeypatch.undo()
+    assert train_main(tiny_overrides(out, toy_data, **{"checkpoint.keep_last": 1})) == 0
+    assert same_weights(out / "step_12", reference / "step_12")
+
+
+def test_wrapped_interrupts_and_full_disks_are_one_line(capsys):
+    """The one error handler looks inside a library's wrapper: a second Ctrl-C inside dcp.save exits
+    130 and a full disk met anywhere (data preparation, an eval file) exits 2, each in one line."""
+    from rollouts.cli import run_command
+    from rollouts.errors import cause
+
+    def raising(e):
+        def fn():
+            raise e
+        return fn
+    assert run_command(raising(_wrapped("dcp", KeyboardInterrupt()))) == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted"
+    assert run_command(raising(_wrapped("safetensors", OSError(28, "No space left on device")))) == 2
+    assert capsys.readouterr().err.startswith("error: No space left on device: free space or fix the folder")
+    assert run_command(raising(OSError(30, "Read-only file system", "/x/eval.json"))) == 2
+    assert "error: Read-only file system (/x/eval.json): " in capsys.readouterr().err
+    with pytest.raises(ValueError):  # a bug stays a traceback
+        run_command(raising(ValueError("a bug")))
+    assert cause(RuntimeError("x"), OSError) is None

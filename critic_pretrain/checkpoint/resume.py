@@ -227,9 +227,9 @@ def set_aside(out: Path, load_step: int, newer: list[Path]) -> Path:
         shutil.copy2(out / "metrics.jsonl", dest / "metrics.jsonl")
     for d in newer:
         d.rename(dest / d.name)
-    log.warning("checkpoint.load_step=%d: %s were newer, from another trajectory; moved to %s so the two do not mix "
+    log.warning("checkpoint.load_step=%d: %s %s newer, from another trajectory; moved to %s so the two do not mix "
                 "(nothing deleted; re-running this command continues the new branch)", load_step,
-                ", ".join(d.name for d in newer), dest)
+                ", ".join(d.name for d in newer), "was" if len(newer) == 1 else "were", dest)
     return dest
 
 

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rollouts import fileio
 
 from .. import faults
-from ..errors import UserError
+from ..errors import UserError, cause
 from ..model import write_value_config
 from ..selection import ranked
 from .layout import CHECKSUM, MANIFEST, StepPaths, file_checksum, find_checkpoints
@@ -123,7 +123,10 @@ def save_checkpoint(
     try:
         _save(p, step, model, optimizer, scheduler, hf_config, training_info, scheduler_meta, manifest, config_yaml,
               resume_state, tokenizer, target_model, trained_hashes, is_main, rank, barrier)
-    except OSError as e:  # full disk, quota, permissions: keep what was there, remove the partial save
+    except BaseException as raised:  # full disk, quota, permissions: keep what was there, remove the partial save
+        e = cause(raised, OSError)  # safetensors and torch DCP wrap the OSError in their own errors
+        if e is None:
+            raise
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         prev = sorted(find_checkpoints(root))

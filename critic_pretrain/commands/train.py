@@ -14,7 +14,7 @@ import logging
 import math
 from pathlib import Path
 
-from ..checkpoint import remove_unstarted
+from ..checkpoint import find_checkpoints, remove_unstarted
 from ..config_io import describe, load_config
 from ..errors import EXIT_INTERRUPTED, UserError
 from ..interop.check import check_seed
@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
             with Preemption() as preempt:
                 code = train_loop(run, preempt)
         except KeyboardInterrupt:  # the second Ctrl-C
-            raise UserError("interrupted; nothing was saved since the newest step_<n> (re-run the same command "
-                            "to resume from it)", exit_code=EXIT_INTERRUPTED) from None
+            saved = sorted(find_checkpoints(cfg.output_dir)) if Path(cfg.output_dir).is_dir() else []
+            raise UserError(f"interrupted; nothing was saved since step_{saved[-1]} (re-run the same command to resume "
+                            "from it)" if saved else "interrupted before any step was saved (re-run the same command "
+                            "to start)", exit_code=EXIT_INTERRUPTED) from None
     if code == 0 and run.accelerator.is_main_process:
         check_final_seed(run)
     return code  # the training result; the seed check says whether a PPO run can use the seed

@@ -22,7 +22,7 @@ from rollouts.errors import Quarantine
 from rollouts.paths import file_fingerprint, resolve
 
 from ..config import DataConfig, SourceConfig, TargetsConfig
-from ..errors import UserError
+from ..errors import UserError, environment_error
 from ..targets import RewardTransform, compute_returns, critic_lambda, token_level_rewards
 
 log = logging.getLogger(__name__)
@@ -245,6 +245,17 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        return _build_store(sources, files, key, data, targets, name, progress, vocab_size, tmp, out)
+    except OSError as e:
+        if environment_error(e) is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"{name} data: writing the prepared store {out} failed ({e.strerror or e}); free space there "
+                        "or point data.cache_dir at a disk with room, then re-run the same command") from None
+
+
+def _build_store(sources, files, key, data, targets, name, progress, vocab_size, tmp: Path, out: Path) -> RolloutStore:
     transform = reward_transform(targets)
     stats = StoreStats(filtered=dict.fromkeys(FILTERS, 0))
     sums = np.zeros(3)  # Σ target, Σ target², count over policy tokens
