@@ -183,6 +183,17 @@ def _check_mask(flags: _Flags, col: pa.Array, lengths: np.ndarray, n: int):
     return mlen, mask, parents, policy
 
 
+MAX_MAGNITUDE = 1e9
+"""Largest |reward| (and |value|) accepted: far beyond any reward scale PPO trains on, and far
+below what float32 targets and squared errors can hold (1e20 squared overflows: the run crashed).
+A larger one is a unit or logging error."""
+
+
+def _check_magnitude(flags: _Flags, bad: np.ndarray, column: str, what: str) -> None:
+    flags.add(bad, column, f"{what} beyond +-{MAX_MAGNITUDE:.0e}, too large for the critic's float32 targets",
+              "rescale the rewards when converting (a unit or logging error?) or drop the row", "nan")
+
+
 def _check_rewards(flags: _Flags, batch: pa.RecordBatch, names: set[str], lengths: np.ndarray, n: int) -> np.ndarray:
     """A finite outcome reward or per-token rewards on every row; returns each row's total reward."""
     reward = np.zeros(n)
@@ -193,6 +204,7 @@ def _check_rewards(flags: _Flags, batch: pa.RecordBatch, names: set[str], length
         null = col.is_null().to_numpy(zero_copy_only=False)
         flags.add(~null & ~np.isfinite(r), "reward", "reward is NaN or infinite",
                   "fix the reward function or drop the row", "nan")
+        _check_magnitude(flags, ~null & (np.abs(np.nan_to_num(r)) > MAX_MAGNITUDE), "reward", "reward")
         has_reward |= ~null
         reward = np.where(null, 0.0, r)
     if _present(batch, names, "token_rewards"):
@@ -204,6 +216,8 @@ def _check_rewards(flags: _Flags, batch: pa.RecordBatch, names: set[str], length
         tr = tr.astype(np.float64)
         flags.add(_row_any(~np.isfinite(tr), parents, n), "token_rewards", "NaN or infinite token reward",
                   "fix the reward function or drop the row", "nan")
+        _check_magnitude(flags, _row_any(np.abs(np.nan_to_num(tr)) > MAX_MAGNITUDE, parents, n), "token_rewards",
+                         "a token reward")
         if len(tr):
             reward = reward + np.bincount(parents, weights=np.nan_to_num(tr), minlength=n)
         has_reward |= present
@@ -219,6 +233,8 @@ def _check_floats(flags: _Flags, col: pa.Array, name: str, lengths: np.ndarray, 
     flags.add(inner_null, name, f"null inside {name}", "write a number for every token", "null")
     flags.add(_row_any(~np.isfinite(v.astype(np.float64)), parents, n), name,
               f"NaN or infinite {name}", "fix the critic output or drop the column", "nan")
+    _check_magnitude(flags, _row_any(np.abs(np.nan_to_num(v.astype(np.float64))) > MAX_MAGNITUDE, parents, n), name,
+                     f"a value in {name}")
 
 
 def _check_ids(flags: _Flags, sample_ids: list | None, seen_ids: set[str] | None, duplicates: str,
