@@ -18,6 +18,7 @@ import copy
 import functools
 import inspect
 import logging
+import pickle
 from pathlib import Path
 
 import torch
@@ -239,6 +240,10 @@ def build_value_model(cfg: ModelConfig, *, init_head: bool = True, config: Pretr
                     cfg.name_or_path, output_loading_info=True, **kwargs)
         except (OSError, ValueError, AssertionError) as e:
             raise UserError(f"model.name_or_path={cfg.name_or_path!r}: cannot load weights ({first_line(e)})") from e
+        except pickle.UnpicklingError:  # torch.load(weights_only=True) met something other than tensors
+            raise UserError(f"model.name_or_path={cfg.name_or_path!r}: its pickle weights (*.bin) hold objects other "
+                            "than tensors, and pickle weights are read as plain tensors only (nothing in them ran); "
+                            "use a copy of the model with safetensors weights") from None
         except RuntimeError as e:  # shapes that differ from the weights (an override SHAPE_KEYS does not name)
             if "size mismatch" not in str(e) and "ignore_mismatched_sizes" not in str(e):
                 raise

@@ -181,3 +181,24 @@ def test_in_place_data_edit_is_caught_on_resume(tmp_path, capsys):
     assert train_main(over) == 2
     err = error_lines(capsys.readouterr().err)
     assert len(err) == 1 and "1 modified" in err[0], err
+
+
+def test_a_model_folder_with_a_planted_pickle_runs_nothing(tmp_path):
+    """model.name_or_path whose pytorch_model.bin carries a payload: transformers reads .bin weights
+    with torch.load(weights_only=True), which refuses it; we say so in one line (before: a traceback
+    ending in torch's advice to turn weights_only off) and nothing runs."""
+    import torch
+    from conftest import TINY_MODEL
+    from transformers import AutoConfig
+
+    from critic_pretrain.config import ModelConfig
+    from critic_pretrain.errors import UserError
+    from critic_pretrain.model import build_value_model
+    folder, marker = tmp_path / "lm", tmp_path / "pwned"
+    folder.mkdir()
+    AutoConfig.for_model(**TINY_MODEL).save_pretrained(folder)
+    torch.save({"model.embed_tokens.weight": _Exec(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(UserError) as e:
+        build_value_model(ModelConfig(name_or_path=str(folder)))
+    assert "its pickle weights (*.bin) hold objects other than tensors" in str(e.value)
+    assert "weights_only" not in str(e.value) and not marker.exists()
