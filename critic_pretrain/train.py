@@ -67,7 +67,7 @@ from critic_pretrain.packed import PackedBatch
 from critic_pretrain.preemption import Preemption
 from critic_pretrain.targets import bootstrapped_returns
 from rollouts import fileio
-from rollouts.tokenizer import fingerprint
+from rollouts.tokenizer import fingerprint, load_for_model
 
 log = logging.getLogger("critic_pretrain")
 
@@ -583,16 +583,11 @@ def _agree(flag: bool, accelerator) -> bool:
 
 def _load_tokenizer(cfg: Config):
     src = cfg.model.tokenizer or cfg.model.name_or_path
-    if not src:
-        return None
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(src, trust_remote_code=cfg.model.trust_remote_code)
-    except (OSError, ValueError) as e:
-        if cfg.model.tokenizer:
-            raise UserError(f"model.tokenizer={src!r}: cannot load it ({e}); pass a tokenizer folder") from None
+    tokenizer = load_for_model(src, explicit=bool(cfg.model.tokenizer),
+                               trust_remote_code=cfg.model.trust_remote_code) if src else None
+    if src and tokenizer is None:
         log.info("no tokenizer found at %s: checkpoints will not carry value/tokenizer/", src)
-        return None
+    return tokenizer
 
 
 if __name__ == "__main__":  # accelerate launch critic_pretrain/train.py ...: the same router and error handler

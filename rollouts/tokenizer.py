@@ -14,6 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from .errors import UserError
 from .provenance import SYNTH_MANIFEST, is_synthetic, read_manifest
 
 SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
@@ -38,16 +39,41 @@ def chat_template_sha256(tokenizer) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+"""A folder holding none of these has no tokenizer (transformers 5 builds an empty one from the
+model's config.json alone: one token, a "real tokenizer" to every check)."""
+
+
+def has_tokenizer(folder: str | Path) -> bool:
+    return any((Path(folder) / n).is_file() for n in TOKENIZER_FILES)
+
+
 def load(folder: str | Path):
     """The tokenizer saved in ``folder`` (no remote code), or None without a loadable one."""
     p = Path(folder)
-    if not any((p / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
-                                           "tokenizer.model")):
+    if not has_tokenizer(p):
         return None
     from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_for_model(src: str, *, explicit: bool, trust_remote_code: bool):
+    """The tokenizer a run trains with: ``model.tokenizer`` (``explicit``: a failure is an error) or
+    ``model.name_or_path`` (a folder or hub id without one: None, and checkpoints carry none)."""
+    if Path(src).is_dir() and not has_tokenizer(src):
+        if explicit:
+            raise UserError(f"model.tokenizer={src!r} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+                            "pass a tokenizer folder")
+        return None
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        if explicit:
+            raise UserError(f"model.tokenizer={src!r}: cannot load it ({e}); pass a tokenizer folder") from None
         return None
 
 

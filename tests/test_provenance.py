@@ -212,3 +212,20 @@ def test_two_synthetic_archives_of_one_seed_are_refused_together(tmp_path, capsy
                    "rollouts would be dropped as repeats of the other's and their prompts merged; write one again with "
                    "another --seed")
     assert not out.exists()
+
+
+def test_a_model_folder_without_tokenizer_files_has_no_tokenizer(tmp_path):
+    """transformers 5 builds a one-token "tokenizer" from a config.json alone; training took that for
+    a real tokenizer and refused synthetic rollouts while `rollouts check --model` accepted them.
+    Both now read a folder without tokenizer files as having none; given as model.tokenizer, it is
+    an error."""
+    from conftest import TINY_MODEL
+    from transformers import AutoConfig
+
+    from critic_pretrain.errors import UserError
+    from rollouts.tokenizer import fingerprint_of, load_for_model
+    AutoConfig.for_model(**TINY_MODEL).save_pretrained(tmp_path / "lm")
+    assert load_for_model(str(tmp_path / "lm"), explicit=False, trust_remote_code=False) is None
+    assert fingerprint_of(tmp_path / "lm") is None
+    with pytest.raises(UserError, match="holds no tokenizer files"):
+        load_for_model(str(tmp_path / "lm"), explicit=True, trust_remote_code=False)
