@@ -51,6 +51,18 @@ def read_json(path: str | os.PathLike) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
+def file_checksum(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
+    """xxh3-128 of the file's bytes (no fallback hash: a digest that differs by machine would
+    call a sound file corrupted): checkpoints and the prepared data store."""
+    import xxhash  # a dependency of critic-pretrain
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Replace ``path`` atomically with ``text`` (temporary file, fsync, rename)."""
     path = Path(path)

@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollouts import fileio
+from rollouts.fileio import file_checksum
 
-from ..errors import UserError, closest, require
+from ..errors import UserError, closest
 
 log = logging.getLogger(__name__)
 
@@ -251,16 +252,6 @@ def verify(step_dir: Path, *, content: bool = False) -> str | None:
 
 
 CHECKSUM = "xxh3_128"
-
-
-def file_checksum(path: Path, chunk: int = 8 << 20) -> str:
-    """xxh3-128 of the file's bytes (no fallback hash: a digest that differs by machine would
-    call a sound checkpoint corrupted)."""
-    h = require("xxhash", "checkpoint checksums").xxh3_128()  # a dependency of critic-pretrain
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def find_checkpoints(output_dir: str | os.PathLike, *, quiet: bool = False) -> dict[int, Path]:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import torch
 
 from rollouts import RolloutReader, fileio
 from rollouts.errors import Quarantine
+from rollouts.fileio import file_checksum
 from rollouts.paths import file_fingerprint, resolve
 
 from ..config import DataConfig, SourceConfig, TargetsConfig
@@ -29,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 
-STORE_FORMAT = 5
+STORE_FORMAT = 6  # 6: meta.json holds the store file's xxh3-128 checksum
 STORE_FILE = "rollouts.arrow"
 STORE_META = "meta.json"
 # Columns of the store. `returns` are the value targets; `rewards` the transformed per-token
@@ -238,8 +240,7 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
     files = source_files(sources)
     key = _cache_key(files, sources, data, targets, vocab_size)
     out = Path(cache_dir) / name
-    if (out / STORE_META).is_file() and json.loads((out / STORE_META).read_text()).get("fingerprint") == key:
-        log.info("%s data: reusing prepared store %s", name, out)
+    if _reusable(out, key, name):
         return RolloutStore(out)
 
     tmp = out.with_name(out.name + ".tmp")
@@ -253,6 +254,23 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"{name} data: writing the prepared store {out} failed ({e.strerror or e}); free space there "
                         "or point data.cache_dir at a disk with room, then re-run the same command") from None
+
+
+def _reusable(out: Path, key: str, name: str) -> bool:
+    """The prepared store at ``out`` was built from these files and settings (``key``) and holds
+    what was written (its xxh3-128 checksum; before, a store changed after it was written trained
+    silently on what it then held). Costs one read of the store: logged."""
+    meta = fileio.read_json(out / STORE_META)
+    if not meta or meta.get("fingerprint") != key:
+        return False
+    t = time.perf_counter()
+    if meta.get("checksum") != file_checksum(out / STORE_FILE):
+        log.warning("%s data: the prepared store %s changed after it was written (its checksum differs); preparing "
+                    "it again from the rollouts", name, out)
+        return False
+    log.info("%s data: reusing prepared store %s (%.0f MB, checksum verified in %.1f s)", name, out,
+             (out / STORE_FILE).stat().st_size / 1e6, time.perf_counter() - t)
+    return True
 
 
 def _build_store(sources, files, key, data, targets, name, progress, vocab_size, tmp: Path, out: Path) -> RolloutStore:
@@ -293,7 +311,7 @@ def _build_store(sources, files, key, data, targets, name, progress, vocab_size,
     stats.mean_target = sums[0] / max(sums[2], 1)
     stats.target_var = max(sums[1] / max(sums[2], 1) - stats.mean_target ** 2, 0.0)
     meta = {"format": STORE_FORMAT, "fingerprint": key, "files": manifest, "targets": vars(targets),
-            "sources": [vars(s) for s in sources], "stats": vars(stats)}
+            "sources": [vars(s) for s in sources], "stats": vars(stats), "checksum": file_checksum(tmp / STORE_FILE)}
     fileio.write_json(tmp / STORE_META, meta)
     fileio.replace_dir(tmp, out)
     return RolloutStore(out)
