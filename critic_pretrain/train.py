@@ -142,6 +142,8 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
     if lock is not None and cleanup is not None:
         cleanup.callback(lock.close)
     resume_dir, layout, config_changes, data_changes = resume.resume_point(cfg, layout, accelerator.wait_for_everyone)
+    if resume_dir is not None:
+        resume.warn_precision(resume_dir, mp)
     cfg.data.absolute_paths()  # the config.yaml written next names its rollouts from any folder (eval, report)
     if accelerator.is_main_process:
         write_config(cfg, out)
@@ -541,7 +543,8 @@ def save(run: Run, step: int) -> None:
                if run.last_val_step == step}}  # a step saved between evaluations: none (not the last one's)
     manifest = ckpt.build_manifest(cfg, model=raw, data=run.data, rewards_logged=run.rewards_logged,
                                    data_changes=run.data_changes, config_changes=run.config_changes,
-                                   tokenizer=run.tokenizer_fingerprint, world_size=run.layout.world)
+                                   tokenizer=run.tokenizer_fingerprint, world_size=run.layout.world,
+                                   mixed_precision=run.accelerator.mixed_precision)
     try:
         _save_checkpoint(run, step, raw, info, manifest)
     except RuntimeError as e:  # a collective broke: another rank failed its part of the save

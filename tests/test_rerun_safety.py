@@ -232,3 +232,19 @@ def test_an_allowed_optimizer_change_takes_effect(run4, toy_data, tmp_path):
     saved = read_dcp(ckpt.StepPaths(out / "step_8").optim_dir, tensors=False)["optim"]
     group = {k.rsplit(".", 1)[1]: v for k, v in saved.items() if k.startswith("param_groups.model.embed_tokens.")}
     assert (group["initial_lr"], tuple(group["betas"]), group["weight_decay"]) == (1e-3, (0.5, 0.9), 0.1)
+
+
+def test_a_resume_in_another_precision_says_so(run4, toy_data, tmp_path):
+    """train.mixed_precision changed on resume (or `auto` on other hardware) continues, with one
+    warning: before, nothing said the steps were no longer those of a run in one precision."""
+    from test_faults import train_cli
+    out = copy_run(run4, tmp_path / "run")
+    assert json.loads((out / "step_4" / ckpt.MANIFEST).read_text())["model"]["mixed_precision"] == "no"
+    over = {"train.max_steps": 6, "train.allow_config_changes": "[train.max_steps]", "checkpoint.save_every": 2,
+            "train.mixed_precision": "bf16"}
+    res = train_cli(out, toy_data, **over)
+    assert res.returncode == 0, res.stderr[-1500:]
+    assert "step_4 was trained in mixed precision no and the run continues in bf16" in res.stderr
+    assert json.loads((out / "step_6" / ckpt.MANIFEST).read_text())["model"]["mixed_precision"] == "bf16"
+    res = train_cli(out, toy_data, **{**over, "train.max_steps": 8})
+    assert res.returncode == 0 and "was trained in mixed precision" not in res.stderr

@@ -35,7 +35,7 @@ VALUE_ALIGNMENT = "value[t] = head(hidden[t-1]); value[0] = 0"
 
 
 def build_manifest(cfg, *, model, data, rewards_logged: RewardsLogged | None, data_changes, config_changes: list,
-                   tokenizer: dict | None, world_size: int) -> dict:
+                   tokenizer: dict | None, world_size: int, mixed_precision: str | None = None) -> dict:
     """The manifest of a step of this run, before ``save_checkpoint`` adds the format, step,
     time and file list. ``cfg``: the run's Config; ``model``: the unwrapped value model;
     ``data``: its TrainData."""
@@ -45,7 +45,8 @@ def build_manifest(cfg, *, model, data, rewards_logged: RewardsLogged | None, da
         "targets": {**vars(cfg.targets), "definition": TARGETS_DEFINITION},
         "value_alignment": VALUE_ALIGNMENT,
         "model": {"class": type(model).__name__, "name_or_path": cfg.model.name_or_path,
-                  "head_bias": cfg.model.head_bias, "parameters": count_parameters(model)},
+                  "head_bias": cfg.model.head_bias, "parameters": count_parameters(model),
+                  "mixed_precision": mixed_precision},
         "data": {"files": data.train.files, "train_rows": len(data.train_idx), "val_rows": len(data.val_idx),
                  "val_split": cfg.data.val_split, "val_regimes": data.val_rows(),
                  "stats": vars(stats), "sources": data.train.meta["sources"], "changes": data_changes,
@@ -179,6 +180,11 @@ class Manifest:
     def config_changes(self) -> list:
         """Accepted config changes of earlier resumes: [{at_step, changes: [{key, old, new}]}]."""
         return list(self.raw.get("config_changes") or [])
+
+    @property
+    def mixed_precision(self) -> str | None:
+        """The mixed precision the run trained in (``no``, ``bf16``, ``fp16``; None before it was recorded)."""
+        return self._section("model").get("mixed_precision")
 
     @property
     def world_size(self) -> int | None:

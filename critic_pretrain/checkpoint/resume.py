@@ -112,6 +112,17 @@ def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
                        "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]}]
 
 
+def warn_precision(step_dir: Path, mixed_precision: str) -> None:
+    """A resume in another mixed precision (``train.mixed_precision``, or `auto` on other hardware:
+    a CPU run re-queued on a GPU) continues, said once: its steps are not bit-identical to a
+    straight run in one precision, and the manifests record the precision of each step."""
+    before = getattr(Manifest.read(step_dir), "mixed_precision", None)
+    if before is not None and before != mixed_precision:
+        log.warning("%s was trained in mixed precision %s and the run continues in %s (train.mixed_precision): "
+                    "steps from here are not bit-identical to a run in one precision", step_dir.name, before,
+                    mixed_precision)
+
+
 def saved_layout(step_dir: Path) -> tuple[int, int] | None:
     """(world size, grad_accum) ``step_dir`` was trained with; None when the checkpoint does not say."""
     world = getattr(Manifest.read(step_dir), "world_size", None)
