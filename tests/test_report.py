@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +154,27 @@ def test_report_on_a_real_run(tmp_path_factory, toy_data, tmp_path, capsys):
     assert (run / "eval" / f"step_{pick}-val.json").is_file()
     assert "[Values per token of held-out rollouts](values.html)" in text   # no tokenizer: token ids
     assert (out / "values.html").read_text().count('<div class="rollout">') == report.PAGE_ROLLOUTS
+
+
+def test_report_on_a_read_only_run(tmp_path_factory, toy_data, tmp_path, capsys, monkeypatch):
+    """A run folder that cannot be written (a teammate's, a read-only mount): the report is written
+    to --out with the evaluation it computed, and a warning says it was not cached. Before: "cannot
+    write .../eval/step_8-val.json; pass --out FILE.json", a flag report does not have for that."""
+    from rollouts import fileio
+    run = tiny_run(tmp_path_factory, toy_data)
+    shutil.rmtree(run / "eval", ignore_errors=True)
+    real = fileio.write_json
+
+    def read_only(path, obj, **kw):
+        if Path(path).is_relative_to(run):
+            raise OSError(30, "Read-only file system", str(path))
+        return real(path, obj, **kw)
+    monkeypatch.setattr(fileio, "write_json", read_only)
+    assert cli.main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    assert "Calibration of step_" in (tmp_path / "rep" / "report.md").read_text()
+    err = capsys.readouterr().err
+    assert "Read-only file system" in err and "the report goes on without caching it there" in err
+    assert not (run / "eval").exists() or not list((run / "eval").glob("*.json"))
 
 
 @pytest.mark.parametrize("case", ["missing", "no_metrics", "empty", "bad_eval_json"])

@@ -4,12 +4,15 @@ beside the run, or a given ``critic-pretrain eval`` output."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 from ..errors import UserError
 from .runs import RunData
 from .summary import pick_checkpoint
+
+log = logging.getLogger(__name__)
 
 
 def run_calibration(run_dir: str | os.PathLike, step: int | None = None, *, compute: bool = True) -> dict | None:
@@ -32,7 +35,10 @@ def run_calibration(run_dir: str | os.PathLike, step: int | None = None, *, comp
     if not compute:
         return None
     result = evaluate_checkpoint(step_dir)
-    write_json(result, cache)
+    try:
+        write_json(result, cache)
+    except UserError as e:  # a read-only run folder: the cache is a convenience, the report goes on
+        log.warning("%s; the report goes on without caching it there (the next report evaluates again)", e)
     return result
 
 
