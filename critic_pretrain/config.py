@@ -37,7 +37,7 @@ class ModelConfig:
     take the head (`score`) of a sequence-classification reward model at `name_or_path`, or of
     a critic exported with `export --format hf` (a second stage starts from the first's critic)."""
     head_init: Literal["zero", "normal"] = "normal"
-    """Init of a new value head's weight: zeros, or normal with std `head_std`."""
+    """Init of a new value head's weight: `zero` (all zeros) or `normal` (std `head_std`)."""
     head_std: float = 0.02
     """Std of the value head's weight init when `head_init` is `normal`."""
     head_bias: bool = True

@@ -40,7 +40,8 @@ def copy_run(src: Path, dst: Path) -> Path:
     ({"targets.gamma": 0.9}, "targets.gamma 1.0 -> 0.9"),
     ({"targets.reward_scale": 2.0, "targets.reward_shift": -1.0}, "targets.reward_scale 1.0 -> 2.0"),
     ({"targets.reward_clip": "[0,1]"}, "targets.reward_clip null -> [0.0, 1.0]"),
-    ({"model.config": json.dumps({**TINY_MODEL, "hidden_size": 48})}, "model.config"),
+    ({"model.config": json.dumps({**TINY_MODEL, "hidden_size": 48})},  # the field, not a cut dict
+     f"model.config.hidden_size {TINY_MODEL['hidden_size']} -> 48"),
     ({"train.max_steps": 8}, "train.max_steps 4 -> 8"),           # the cosine horizon moves
     ({"data.val_fraction": 0.2}, "data.val_fraction 0.1 -> 0.2"),  # the split moves
 ])
@@ -248,3 +249,15 @@ def test_a_resume_in_another_precision_says_so(run4, toy_data, tmp_path):
     assert json.loads((out / "step_6" / ckpt.MANIFEST).read_text())["model"]["mixed_precision"] == "bf16"
     res = train_cli(out, toy_data, **{**over, "train.max_steps": 8})
     assert res.returncode == 0 and "was trained in mixed precision" not in res.stderr
+
+
+def test_a_damaged_step_is_reported_once_per_run(run4, tmp_path, caplog):
+    """Retention looks for checkpoints at every save: a damaged step_<n> was warned about at each
+    (18 times in one 100-step run); now once per process."""
+    out = copy_run(run4, tmp_path / "run")
+    (out / "step_4" / ckpt.MANIFEST).unlink()
+    with caplog.at_level("WARNING", logger="critic_pretrain.checkpoint.layout"):
+        for _ in range(3):
+            assert ckpt.find_checkpoints(out) == {}
+    assert [r.getMessage() for r in caplog.records].count(
+        f"ignoring {out / 'step_4'}: {ckpt.verify(out / 'step_4')}") == 1

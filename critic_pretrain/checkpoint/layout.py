@@ -268,9 +268,13 @@ def find_checkpoints(output_dir: str | os.PathLike, *, quiet: bool = False) -> d
         problem = verify(d)
         if problem is None:
             out[n] = d
-        elif not quiet:
+        elif not quiet and (str(d.resolve()), problem) not in _WARNED:
+            _WARNED.add((str(d.resolve()), problem))  # once per process: retention looks at every save
             log.warning("ignoring %s: %s", d, problem)
     return dict(sorted(out.items()))
+
+
+_WARNED: set[tuple[str, str]] = set()
 
 
 def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path | None:

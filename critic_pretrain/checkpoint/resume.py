@@ -99,7 +99,7 @@ def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
     changes = run_changes(old, cfg)
     refused = refused_changes(changes, cfg.train.allow_config_changes)
     if refused:
-        what = "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in refused)
+        what = "; ".join(_change(k, a, b) for k, a, b in refused)
         keys = ",".join(k for k, _, _ in refused)
         raise UserError(f"{cfg.output_dir} holds a run trained with other settings ({step_dir.name}): {what}. "
                         f"Use a new output_dir, or continue this run with the change: "
@@ -107,7 +107,7 @@ def check_config_changes(step_dir: Path, cfg: Config) -> list[dict]:
     if not changes:
         return history
     log.warning("resuming with changed settings (train.allow_config_changes): %s",
-                "; ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in changes))
+                "; ".join(_change(k, a, b) for k, a, b in changes))
     return history + [{"at_step": step_number(step_dir),
                        "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]}]
 
@@ -152,6 +152,15 @@ def check_layout(step_dir: Path, layout: Layout) -> None:
     raise UserError(f"{step_dir.name} was trained with {world} rank(s) x train.grad_accum {accum} = {per_step} "
                     f"micro-batches per step; this run has {layout.world} x {layout.grad_accum} = {layout.per_step}. "
                     f"To resume on {layout.world} rank(s), {fix}, so every step sees the same data")
+
+
+def _change(key: str, old, new) -> str:
+    """``key old -> new``; for a dict (``model.config``) only the fields that differ, which a cut
+    rendering of the whole dict hid."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return "; ".join(f"{key}.{k} {_short(old.get(k))} -> {_short(new.get(k))}"
+                         for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k))
+    return f"{key} {_short(old)} -> {_short(new)}"
 
 
 def _short(v) -> str:
