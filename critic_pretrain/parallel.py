@@ -17,7 +17,24 @@ import os
 
 import torch
 
+from .errors import UserError
+
 FSDP_ENV, VERSION_ENV, RESHARD_ENV = "ACCELERATE_USE_FSDP", "FSDP_VERSION", "FSDP_RESHARD_AFTER_FORWARD"
+
+
+def new_accelerator(mixed_precision: str, **kwargs):
+    """accelerate's ``Accelerator``. Its state is one per process: a second run in the same process
+    (a notebook cell run again with another ``train.mixed_precision``) cannot change it, which
+    accelerate says in a traceback; here it is one line with what to do."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    before = AcceleratorState().mixed_precision if AcceleratorState._shared_state else None
+    if before is not None and str(before) != mixed_precision:
+        raise UserError(f"this Python process already trained with mixed precision {before}, and accelerate keeps "
+                        f"one per process: to train with {mixed_precision}, restart the kernel or run "
+                        "`critic-pretrain train ...` in a subprocess (a notebook's `!critic-pretrain train ...`)")
+    return Accelerator(mixed_precision=mixed_precision, **kwargs)
 
 
 def fsdp2_requested() -> bool:

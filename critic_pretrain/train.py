@@ -178,7 +178,6 @@ def setup(cfg: Config, cleanup: contextlib.ExitStack | None = None) -> Run:
 
 def make_accelerator(cfg: Config):
     """(accelerator, tracker instances, resolved mixed precision); logging configured per rank."""
-    from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
     mp = cfg.train.mixed_precision
@@ -189,8 +188,8 @@ def make_accelerator(cfg: Config):
     out = Path(cfg.output_dir)
     report_to = [t for t in cfg.train.report_to if cfg.train.tensorboard or t != "tensorboard"]
     trackers = tracking.build(report_to, out, cfg.train.tracker_project)  # start once the resume step is known
-    accelerator = Accelerator(mixed_precision=mp, kwargs_handlers=[timeout], log_with=trackers or None,
-                              project_dir=str(out))
+    accelerator = parallel.new_accelerator(mp, kwargs_handlers=[timeout], log_with=trackers or None,
+                                           project_dir=str(out))
     logging.basicConfig(level=logging.INFO if accelerator.is_main_process else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
     return accelerator, trackers, mp

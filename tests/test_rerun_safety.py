@@ -261,3 +261,14 @@ def test_a_damaged_step_is_reported_once_per_run(run4, tmp_path, caplog):
             assert ckpt.find_checkpoints(out) == {}
     assert [r.getMessage() for r in caplog.records].count(
         f"ignoring {out / 'step_4'}: {ckpt.verify(out / 'step_4')}") == 1
+
+
+def test_a_second_run_in_one_process_with_another_precision_is_one_line(toy_data, tmp_path, capsys):
+    """A notebook runs train again in the same kernel with train.mixed_precision=bf16: accelerate keeps
+    one state per process and raised a ValueError traceback; now one line saying what to do."""
+    assert train_main(tiny_overrides(tmp_path / "a", toy_data, **{"train.max_steps": 1})) == 0
+    capsys.readouterr()
+    assert train_main(tiny_overrides(tmp_path / "b", toy_data, **{"train.max_steps": 1,
+                                                                  "train.mixed_precision": "bf16"})) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert "already trained with mixed precision no" in line and "restart the kernel" in line
