@@ -254,6 +254,10 @@ def verify(step_dir: Path, *, content: bool = False) -> str | None:
 CHECKSUM = "xxh3_128"
 
 
+_WARNED: set[tuple[str, str]] = set()
+"""(folder, problem) pairs ``find_checkpoints`` has warned about in this process."""
+
+
 def find_checkpoints(output_dir: str | os.PathLike, *, quiet: bool = False) -> dict[int, Path]:
     """Complete ``step_<n>`` folders by step. ``tmp_step_*`` and broken folders are left out, each
     logged unless ``quiet`` (a caller whose own message names what it found)."""
@@ -272,9 +276,6 @@ def find_checkpoints(output_dir: str | os.PathLike, *, quiet: bool = False) -> d
             _WARNED.add((str(d.resolve()), problem))  # once per process: retention looks at every save
             log.warning("ignoring %s: %s", d, problem)
     return dict(sorted(out.items()))
-
-
-_WARNED: set[tuple[str, str]] = set()
 
 
 def resolve_resume(output_dir: str | os.PathLike, load_step: int | None) -> Path | None:

@@ -268,7 +268,8 @@ def resume_point(cfg: Config, layout: Layout, barrier=lambda: None) -> tuple[Pat
         layout = Layout(layout.world, layout.rank, cfg.train.grad_accum)
     check_layout(resume_dir, layout)
     data_changes = check_data_changes(resume_dir, cfg.data)
-    log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)  # checked
+    # Said once the checks above passed: a refused resume never announced itself first.
+    log.info("resuming from %s (the checkpoint wins over model.name_or_path and head init)", resume_dir)
     if (step_number(resume_dir) or 0) >= cfg.train.max_steps:  # a re-run of a finished run: say so up front
         log.info("step %d is train.max_steps: nothing left to train, the seed is checked again (to train on, raise "
                  "train.max_steps with train.allow_config_changes=[train.max_steps])", step_number(resume_dir))
