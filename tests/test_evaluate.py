@@ -331,3 +331,30 @@ def test_eval_cli_errors_are_one_line(run_dir, tmp_path, capsys, case):
             "incomplete_run": "is a run folder whose step_<n> folders are all incomplete (step_3)",
             "bad_rollouts": "no such file",
             "bad_flag": "--max-tokens 0 must be > 0", "bad_device": "not a torch device"}[case] in err
+
+
+def test_a_cut_or_partial_eval_never_stands_for_the_whole_split(tmp_path_factory, toy_data, capsys):
+    """`eval --max-length 8` and `--max-tokens N` wrote step_<n>-val.json, the file `report` and the
+    notebook read as that step's evaluation of the validation split: report.md then showed the cut
+    evaluation (calibration error 0.28 for 0.11) without a word. They now write -maxlen8 / -tokens<N>
+    files, the report takes a cached file only when it was whole, and the verdict line counts the
+    rollouts evaluated (it said "(200 rollouts)" over 8)."""
+    from critic_pretrain import checkpoint as ckpt
+    from critic_pretrain import report
+    run = tiny_run(tmp_path_factory, toy_data)
+    step = max(ckpt.find_checkpoints(run).values(), key=lambda d: ckpt.step_number(d))
+    whole = report.run_calibration(run)
+    assert whole["settings"] == {"max_length": None, "max_tokens": None}
+    assert cli.main(["eval", str(step), "--max-length", "8"]) == 0
+    assert f"wrote {run / 'eval' / f'{step.name}-val-maxlen8.json'}" in capsys.readouterr().out
+    assert cli.main(["eval", str(step), "--max-tokens", "300"]) == 0
+    out = capsys.readouterr().out
+    cut = json.loads((run / "eval" / f"{step.name}-val-tokens300.json").read_text())
+    (line,) = [x for x in out.splitlines() if x.startswith("verdict (")]
+    assert line.startswith(f"verdict ({cut['regimes'][0]['rows']} rollouts)")
+    assert cut["regimes"][0]["rows"] < cut["data"]["rows"]
+    again = report.run_calibration(run)
+    assert again["data"]["max_length"] == whole["data"]["max_length"] and again["metrics"] == whole["metrics"]
+    (run / "eval" / f"{step.name}-val.json").write_text(json.dumps({**cut, "settings": {"max_length": None,
+                                                                                          "max_tokens": 300}}))
+    assert report.run_calibration(run)["settings"] == {"max_length": None, "max_tokens": None}  # evaluated again

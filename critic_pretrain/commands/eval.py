@@ -22,7 +22,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="rollout files, folders or globs (default: the run's own validation split)")
     p.add_argument("--out", metavar="FILE.json",
                    help="where to write the JSON (default: <run>/eval/step_<n>-val.json, or -<hash>.json "
-                        "for --rollouts)")
+                        "for --rollouts; -maxlen<N> / -tokens<N> added with --max-length / --max-tokens)")
     p.add_argument("--max-tokens", type=int, metavar="N", help="evaluate at most about N tokens (default: all)")
     p.add_argument("--batch-tokens", type=int, metavar="N", help="tokens per micro-batch (default: the run's "
                    "data.max_tokens)")
@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cold_every < 0:
         raise UserError(f"--cold-every {args.cold_every} must be >= 0 (0: off)")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    out = Path(args.out) if args.out else default_out(Path(args.step_dir), args.rollouts)
+    out = Path(args.out) if args.out else default_out(Path(args.step_dir), args.rollouts, max_length=args.max_length,
+                                                      token_cap=args.max_tokens)
     report = evaluate_checkpoint(args.step_dir, args.rollouts, token_cap=args.max_tokens,
                                  batch_tokens=args.batch_tokens, max_length=args.max_length,
                                  cache_dir=args.cache_dir, device=args.device,

@@ -105,10 +105,16 @@ def checked_step_dir(path: str) -> Path:
     return step_dir
 
 
-def default_out(step_dir: Path, rollouts: list[str] | None) -> Path:
-    """``<run>/eval/step_<n>-val.json`` (the run's validation split) or ``-<hash>.json``
-    (other rollouts; hash of the specs), next to the run's checkpoints."""
+def default_out(step_dir: Path, rollouts: list[str] | None, *, max_length: int | None = None,
+                token_cap: int | None = None) -> Path:
+    """``<run>/eval/step_<n>-val.json`` (the run's validation split, whole, at the run's length: what
+    ``report`` and the notebook read as that step's evaluation) or ``-<hash>.json`` (other rollouts;
+    hash of the specs), next to the run's checkpoints; ``-maxlen<N>`` / ``-tokens<N>`` mark a cut or
+    partial evaluation, which never takes the whole one's name (a report showed a `--max-length 8`
+    evaluation as the validation split's)."""
     tag = "val" if not rollouts else hashlib.sha1("\0".join(rollouts).encode()).hexdigest()[:8]
+    tag += f"-maxlen{max_length}" if max_length else ""
+    tag += f"-tokens{token_cap}" if token_cap else ""
     return step_dir.parent / "eval" / f"{step_dir.name}-{tag}.json"
 
 
@@ -134,7 +140,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
 
     step_dir = checked_step_dir(str(step_dir))
     cfg = load_config(ckpt.StepPaths(step_dir).config_yaml)
-    dev = resolve_device(device)
+    dev, max_length_given = resolve_device(device), max_length
     configs = checkpoint_model_config(step_dir, cfg, trust_remote_code)
     hf_config = configs[1]
     model_limit, vocab_size = position_limit(hf_config), hf_config.vocab_size
@@ -167,6 +173,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
         "checkpoint": {"path": str(step_dir.resolve()), "step": info.get("total_steps"),
                        "targets": dataclasses.asdict(cfg.targets)},
         "data": data_summary,
+        "settings": {"max_length": max_length_given, "max_tokens": token_cap},  # None: the run's own, all of it
         **results[0].to_json(),
         "regimes": fileio.plain(regimes),
         "cold_critic": {"built": cold_how, "every": cold_every} if store.has_oracle else None,
@@ -200,7 +207,7 @@ def _regimes(part: Held, result, step_dir: Path, cfg) -> list[dict]:
         return []
     if part.regime is not None:
         return [{"regime": part.regime, "label": REGIMES[part.regime], "prefix": part.prefix,
-                 "rows": len(part.idx), "metrics": result.metrics,
+                 "rows": len(result.eval_rows), "metrics": result.metrics,  # evaluated (a token cap stops early)
                  "verdict": _verdict_json(result.verdict, REGIMES[part.regime], bootstrapped)}]
     trained = ckpt.StepPaths(step_dir).read_trained()
     if trained is None:

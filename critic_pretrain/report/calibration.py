@@ -30,7 +30,8 @@ def run_calibration(run_dir: str | os.PathLike, step: int | None = None, *, comp
     cache = default_out(step_dir, None)
     if cache.is_file() and cache.stat().st_mtime >= (step_dir / "critic_pretrain.json").stat().st_mtime:
         cached = json.loads(cache.read_text())
-        if "advantages" in cached and "regimes" in cached:  # older evals lack tables or verdicts: evaluate again
+        whole = cached.get("settings") == {"max_length": None, "max_tokens": None}  # not a cut or partial one
+        if whole and "advantages" in cached and "regimes" in cached:  # older evals: evaluate again
             return cached
     if not compute:
         return None
