@@ -142,8 +142,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
     cfg = load_config(ckpt.StepPaths(step_dir).config_yaml)
     dev, max_length_given = resolve_device(device), max_length
     configs = checkpoint_model_config(step_dir, cfg, trust_remote_code)
-    hf_config = configs[1]
-    model_limit, vocab_size = position_limit(hf_config), hf_config.vocab_size
+    model_limit, vocab_size = position_limit(configs[1]), configs[1].vocab_size  # configs[1]: the HF config
     max_length = min(max_length, model_limit or max_length) if max_length else max_length_of(cfg.data, model_limit)
     batch_tokens = batch_tokens or max(cfg.data.max_tokens, max_length)
     if batch_tokens < max_length:
