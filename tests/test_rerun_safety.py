@@ -272,3 +272,18 @@ def test_a_second_run_in_one_process_with_another_precision_is_one_line(toy_data
                                                                   "train.mixed_precision": "bf16"})) == 2
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert "already trained with mixed precision no" in line and "restart the kernel" in line
+
+
+def test_a_run_object_still_holding_its_folder_is_named_as_this_process(toy_data, tmp_path, capsys):
+    """From a notebook, `setup(cfg)` without an ExitStack keeps output_dir locked while its Run lives:
+    a re-run in the same kernel was told the folder "is in use by pid N ...; wait for it to finish",
+    N being the notebook itself. It now says this process holds it and how to release it."""
+    from critic_pretrain.config_io import load_config
+    from critic_pretrain.train import setup
+    over = tiny_overrides(tmp_path / "run", toy_data, **{"train.max_steps": 1})
+    run = setup(load_config(None, over))
+    assert train_main(over) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert "is held by this Python process" in line and "run.lock.close()" in line
+    run.lock.close()
+    assert train_main(over) == 0

@@ -205,6 +205,10 @@ def lock_output_dir(out: Path):
         fh.seek(0)
         holder = fh.read().strip() or "another process"
         fh.close()
+        if holder.startswith(f"pid {os.getpid()} on {socket.gethostname()} "):  # a notebook's earlier run object
+            raise UserError(f"output_dir={out} is held by this Python process: a run set up here earlier (its Run "
+                            "from critic_pretrain.train.setup) still holds the lock; close it (run.lock.close()), or "
+                            "pass a contextlib.ExitStack to setup(cfg, cleanup) to release it on exit") from None
         raise UserError(f"output_dir={out} is in use by {holder}; wait for it to finish (or stop it), "
                         "or use another output_dir") from None
     try:
