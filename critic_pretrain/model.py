@@ -476,6 +476,7 @@ def write_value_config(config: PretrainedConfig, path: str | Path, architecture:
     ``classifier_dropout: 0.0`` and the architecture."""
     d = config.to_dict()
     d.pop("trust_remote_code", None)  # a planted key is not ours to pass on (the loader's flag decides)
+    d.pop("_name_or_path", None)  # where it was loaded from here, meaningless in the consumer's folder
     d["num_labels"] = 1
     d["classifier_dropout"] = 0.0
     d["architectures"] = [architecture or d.get("architectures", [None])[0]
