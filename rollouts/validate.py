@@ -125,6 +125,8 @@ def check_batch(file: str, batch: pa.RecordBatch, row_offset: int,
         w = pc.fill_null(batch.column("sample_weight").cast(pa.float64()), 1.0).to_numpy(zero_copy_only=False)
         flags.add(~np.isfinite(w) | (w < 0), "sample_weight", "sample_weight is negative, NaN or infinite",
                   "use a finite weight >= 0 (0 drops the row from the loss)", "nan")
+        _check_magnitude(flags, np.nan_to_num(w) > MAX_MAGNITUDE, "sample_weight", "sample_weight",
+                         "weights are relative: scale them down (a unit or logging error?) or drop the row")
     sample_ids = (batch.column("sample_id").cast(pa.string()).to_pylist()
                   if _present(batch, names, "sample_id") else None)
     dropped = _check_ids(flags, sample_ids, seen_ids, duplicates, n)
@@ -184,14 +186,16 @@ def _check_mask(flags: _Flags, col: pa.Array, lengths: np.ndarray, n: int):
 
 
 MAX_MAGNITUDE = 1e9
-"""Largest |reward| (and |value|) accepted: far beyond any reward scale PPO trains on, and far
+"""Largest |reward| (and |value|, and sample_weight) accepted: far beyond any reward scale PPO trains on, and far
 below what float32 targets and squared errors can hold (1e20 squared overflows: the run crashed).
 A larger one is a unit or logging error."""
 
 
-def _check_magnitude(flags: _Flags, bad: np.ndarray, column: str, what: str) -> None:
-    flags.add(bad, column, f"{what} beyond +-{MAX_MAGNITUDE:.0e}, too large for the critic's float32 targets",
-              "rescale the rewards when converting (a unit or logging error?) or drop the row", "nan")
+def _check_magnitude(flags: _Flags, bad: np.ndarray, column: str, what: str,
+                     fix: str = "rescale the rewards when converting (a unit or logging error?) or drop the row",
+                     ) -> None:
+    flags.add(bad, column, f"{what} beyond +-{MAX_MAGNITUDE:.0e}, too large for the critic's float32 targets and "
+              "loss", fix, "nan")
 
 
 def _check_rewards(flags: _Flags, batch: pa.RecordBatch, names: set[str], lengths: np.ndarray, n: int) -> np.ndarray:

@@ -152,6 +152,8 @@ def _case_files(tmp: Path) -> dict[str, tuple[Path, str, int | None, str | None]
         "reward beyond +-1e+09", 2, "reward")
     add("huge_token_reward", good(tmp / "hugetr.parquet", token_rewards=[[0.0] * 4] * 3 + [[0.0, -3e38, 0.0, 0.0]]),
         "a token reward beyond +-1e+09", 3, "token_rewards")
+    add("huge_weight", good(tmp / "hugeweight.parquet", sample_weight=[1.0, 1e12, 1.0, 1.0]),  # val loss 3.5e10
+        "sample_weight beyond +-1e+09", 1, "sample_weight")
     add("huge_value", good(tmp / "hugevalue.parquet", values=[[0.0] * 4, [0.0, 0.0, 0.0, 1e30], [0.0] * 4, [0.0] * 4]),
         "a value in values beyond", 1, "values")
     add("nan_value", good(tmp / "nanvalue.parquet", values=[[0.0] * 4, [0.0, float("nan"), 0.0, 0.0],
@@ -187,7 +189,7 @@ def _touch(p: Path) -> Path:
 
 CASES = ["missing_column", "no_reward_column", "wrong_type", "wrong_type_reward", "length_mask",
          "length_token_rewards", "length_values", "no_policy_token", "nan_reward", "inf_reward", "huge_reward",
-         "huge_token_reward", "huge_value", "nan_value",
+         "huge_token_reward", "huge_weight", "huge_value", "nan_value",
          "nan_token_reward", "negative_token", "bad_mask_value", "empty_file", "empty_rows", "truncated", "corrupt"]
 
 
