@@ -682,3 +682,6 @@ def test_a_step_without_its_manifest(run, tmp_path, capsys):
     assert "gae_gamma: <the gamma the critic was trained with>" in out
     assert "gae_lambda_value: <the lambda the critic was trained with>" in out
     assert "--lambd <actor's lambda>" in "\n".join(config_lines("openrlhf", step, {}))
+    result = export(step, "hf", tmp_path / "hf2")  # the export says what the seed check warned
+    assert any("source: no critic_pretrain.json: not a critic-pretrain step" in n for n in result.notes)
+    assert "source: no critic_pretrain.json" in result.summary()

@@ -122,6 +122,7 @@ def export(step_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, dty
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     result.out = final
+    result.notes += [f"source: {w}" for w in report.warnings]  # e.g. not a critic-pretrain step: unverified
     _self_check(final, fmt)
     facts = {**report.facts, "normalization": result.normalization}
     sched = None if fmt != "nemo-rl" or not ckpt.StepPaths(final).optimizer_dir.exists() else scheduler
