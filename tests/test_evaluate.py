@@ -288,7 +288,7 @@ def test_eval_cli_on_other_rollouts_default_out(run_dir, toy_data, capsys):
     assert written.parent == run_dir / "eval" and written.name.startswith("step_4-")
     ev = json.loads(written.read_text())
     assert ev["data"]["rollouts"] == [str(toy_data)] and ev["data"]["split"] == "all rows"
-    assert 0 < ev["metrics"]["eval/valid_tokens"] and ev["data"]["tokens"] > 600  # capped evaluation
+    assert 0 < ev["metrics"]["eval/valid_tokens"] and ev["data"]["rows"] < ev["data"]["split_rows"]  # capped
 
 
 def test_eval_max_length_scores_rollouts_cut_there(run_dir, toy_data, tmp_path):
@@ -352,7 +352,7 @@ def test_a_cut_or_partial_eval_never_stands_for_the_whole_split(tmp_path_factory
     cut = json.loads((run / "eval" / f"{step.name}-val-tokens300.json").read_text())
     (line,) = [x for x in out.splitlines() if x.startswith("verdict (")]
     assert line.startswith(f"verdict ({cut['regimes'][0]['rows']} rollouts)")
-    assert cut["regimes"][0]["rows"] < cut["data"]["rows"]
+    assert cut["regimes"][0]["rows"] == cut["data"]["rows"] < cut["data"]["split_rows"]
     again = report.run_calibration(run)
     assert again["data"]["max_length"] == whole["data"]["max_length"] and again["metrics"] == whole["metrics"]
     (run / "eval" / f"{step.name}-val.json").write_text(json.dumps({**cut, "settings": {"max_length": None,

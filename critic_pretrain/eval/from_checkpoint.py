@@ -166,7 +166,7 @@ def evaluate_checkpoint(step_dir: str | Path, rollouts: list[str] | None = None,
                                                  token_cap=token_cap, prefix=part.prefix, cold_model=cold,
                                                  cold_every=cold_every or 1))
         regimes = [r for part, result in zip(held, results) for r in _regimes(part, result, step_dir, cfg)]
-        data_summary = _data_summary(store, indices, rollouts, split, max_length, held[0].left_out)
+        data_summary = _data_summary(store, indices, rollouts, split, max_length, held[0].left_out, results[0])
     info = ckpt.StepPaths(step_dir).read_training_info() or {}
     return {
         "checkpoint": {"path": str(step_dir.resolve()), "step": info.get("total_steps"),
@@ -296,12 +296,15 @@ def eval_autocast(device: torch.device, mixed_precision: str):
 
 
 def _data_summary(store: RolloutStore, indices: np.ndarray, rollouts: list[str] | None, split: str,
-                  max_length: int, trained_on_left_out: int = 0) -> dict:
-    """What was evaluated (rows, tokens), the given rows left out because the critic trained on
-    them, and what the prepared store read and left out (its stats)."""
+                  max_length: int, trained_on_left_out: int = 0, result=None) -> dict:
+    """What was evaluated (rows, tokens: ``result``'s rows, fewer than the split's under
+    ``--max-tokens``), the given rows left out because the critic trained on them, and what the
+    prepared store read and left out (its stats)."""
     files = [f["path"] if isinstance(f, dict) else str(f) for f in store.meta.get("files", [])]
+    split_rows = len(indices)
+    indices = indices if getattr(result, "eval_rows", None) is None else result.eval_rows
     return {"rollouts": list(rollouts) if rollouts else None, "files": files, "split": split,
-            "rows": int(len(indices)), "tokens": int(store.lengths[indices].sum()),
+            "rows": int(len(indices)), "split_rows": split_rows, "tokens": int(store.lengths[indices].sum()),
             "max_length": max_length, "longer_than_max_length": int((store.lengths[indices] > max_length).sum()),
             "has_oracle": store.has_oracle, "trained_on_left_out": trained_on_left_out,
             "store": dataclasses.asdict(store.stats)}
