@@ -536,10 +536,10 @@ def evaluate_and_log(run: Run, step: int) -> None:
 def save(run: Run, step: int) -> None:
     """Write ``step_<step>`` (collective) and apply retention."""
     cfg, state, raw = run.cfg, run.state, run.accelerator.unwrap_model(run.model)
+    val = run.last_val if run.last_val_step == step else {}  # saved between evaluations: none, not the last one's
     info = {"total_steps": step, "current_step": state.step_in_epoch, "current_epoch": state.epoch,
             "consumed_samples": state.consumed_samples, "total_valid_tokens": state.total_valid_tokens,
-            **{k.replace("/", ":", 1): v for k, v in run.last_val.items()  # val:loss, val_response:loss
-               if run.last_val_step == step}}  # a step saved between evaluations: none (not the last one's)
+            **{k.replace("/", ":", 1): v for k, v in val.items()}}   # val:loss, val_response:loss
     manifest = ckpt.build_manifest(cfg, model=raw, data=run.data, rewards_logged=run.rewards_logged,
                                    data_changes=run.data_changes, config_changes=run.config_changes,
                                    tokenizer=run.tokenizer_fingerprint, world_size=run.layout.world,

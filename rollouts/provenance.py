@@ -182,6 +182,15 @@ def is_synthetic(folder: str | Path | None) -> bool:
     return folder is not None and (Path(folder) / SYNTH_MANIFEST).is_file()
 
 
+def synth_manifest(folder: str | Path) -> dict:
+    """``SYNTH_MANIFEST`` of ``folder`` ({} without one or when unreadable): seed, params, vocab_size."""
+    try:
+        doc = json.loads((Path(folder) / SYNTH_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def synthetic_id_clash(folders: list[str | Path]) -> str | None:
     """Two ``rollouts synth`` archives of one ``--seed`` and different environments or settings:
     their sample_ids and group_ids (``s<seed>-...``) coincide while their rollouts differ, so
@@ -189,11 +198,8 @@ def synthetic_id_clash(folders: list[str | Path]) -> str | None:
     group. The problem as one sentence, or None."""
     by_seed: dict = {}
     for folder in folders:
-        if not is_synthetic(folder):
-            continue
-        try:
-            doc = json.loads((Path(folder) / SYNTH_MANIFEST).read_text())
-        except (OSError, ValueError):
+        doc = synth_manifest(folder) if is_synthetic(folder) else {}
+        if not doc:
             continue
         first = by_seed.setdefault(doc.get("seed"), (folder, doc.get("params")))
         if first[1] != doc.get("params"):

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from .errors import UserError
-from .provenance import SYNTH_MANIFEST, is_synthetic, read_manifest
+from .provenance import SYNTH_MANIFEST, is_synthetic, read_manifest, synth_manifest
 
 SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
 
@@ -50,14 +50,7 @@ def has_tokenizer(folder: str | Path) -> bool:
 
 def load(folder: str | Path):
     """The tokenizer saved in ``folder`` (no remote code), or None without a loadable one."""
-    p = Path(folder)
-    if not has_tokenizer(p):
-        return None
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(str(p), trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return load_for_model(str(folder), explicit=False, trust_remote_code=False) if has_tokenizer(folder) else None
 
 
 def load_for_model(src: str, *, explicit: bool, trust_remote_code: bool):
@@ -71,7 +64,7 @@ def load_for_model(src: str, *, explicit: bool, trust_remote_code: bool):
     from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(src, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         if explicit:
             raise UserError(f"model.tokenizer={src!r}: cannot load it ({e}); pass a tokenizer folder") from None
         return None
@@ -125,10 +118,7 @@ def mismatch(folder: str | Path | None, model_fp: dict | None) -> str | None:
         what = errors[0].replace("the seed's", "the rollouts'")
         return f"these rollouts were tokenized with another tokenizer than the model's (the model's {what})"
     if is_synthetic(folder):
-        try:
-            vocab = json.loads((Path(folder) / SYNTH_MANIFEST).read_text()).get("vocab_size")
-        except (OSError, ValueError, AttributeError):
-            vocab = None
+        vocab = synth_manifest(folder).get("vocab_size")
         ids = f"ids of a {vocab}-token toy vocabulary" if vocab else "ids of a toy vocabulary"
         return (f"these are synthetic rollouts (rollouts synth, {SYNTH_MANIFEST}: {ids}, no text), and the model "
                 f"has a real tokenizer ({describe(model_fp)}): its tokens would read them as other text (synthetic "

@@ -191,17 +191,16 @@ class RolloutStore:
         return out
 
 
-def _cache_key(files: list[tuple[int, Path]], sources: list[SourceConfig], data: DataConfig,
+def _cache_key(manifest: list[dict], sources: list[SourceConfig], data: DataConfig,
                targets: TargetsConfig, vocab_size: int | None) -> str:
     """What the store is built from: settings and each file's path, size, mtime and sampled content
-    fingerprint (the one the resume check compares: with `data.allow_changes` a shard edited in
-    place, size and mtime kept, was announced as new data and read from the old store)."""
+    fingerprint (``file_manifest``: the one the resume check compares; with `data.allow_changes` a
+    shard edited in place, size and mtime kept, was announced as new data and read from the old store)."""
     h = hashlib.sha256()
     h.update(json.dumps({"format": STORE_FORMAT, "on_bad": data.on_bad, "targets": vars(targets),
                          "sources": [vars(s) for s in sources], "vocab_size": vocab_size}, sort_keys=True).encode())
-    for i, f in files:
-        st = f.stat()
-        h.update(f"{i}\0{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{file_fingerprint(f)}\n".encode())
+    for e in manifest:
+        h.update(f"{e['source']}\0{e['path']}\0{e['size']}\0{e['mtime_ns']}\0{e['fingerprint']}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -238,7 +237,8 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
     if sources and not isinstance(sources[0], SourceConfig):
         sources = [SourceConfig(paths=[str(p) for p in sources], name=name)]
     files = source_files(sources)
-    key = _cache_key(files, sources, data, targets, vocab_size)
+    manifest = file_manifest(files)  # one fingerprint pass: the cache key and the store's file list
+    key = _cache_key(manifest, sources, data, targets, vocab_size)
     out = Path(cache_dir) / name
     if _reusable(out, key, name):
         return RolloutStore(out)
@@ -247,7 +247,7 @@ def prepare_store(sources: list[SourceConfig] | list[str], cache_dir: str | os.P
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        return _build_store(sources, files, key, data, targets, name, progress, vocab_size, tmp, out)
+        return _build_store(sources, files, manifest, key, data, targets, name, progress, vocab_size, tmp, out)
     except OSError as e:
         if environment_error(e) is None:
             raise
@@ -273,11 +273,11 @@ def _reusable(out: Path, key: str, name: str) -> bool:
     return True
 
 
-def _build_store(sources, files, key, data, targets, name, progress, vocab_size, tmp: Path, out: Path) -> RolloutStore:
+def _build_store(sources, files, manifest, key, data, targets, name, progress, vocab_size, tmp: Path,
+                 out: Path) -> RolloutStore:
     transform = reward_transform(targets)
     stats = StoreStats(filtered=dict.fromkeys(FILTERS, 0))
     sums = np.zeros(3)  # Σ target, Σ target², count over policy tokens
-    manifest = file_manifest(files)
     seen_ids: set[str] = set()  # de-duplication across files and sources
     bar = _progress(len(files), f"preparing {name} data", progress)
     with pa.ipc.new_file(str(tmp / STORE_FILE), STORE_SCHEMA) as writer, \
